@@ -1,0 +1,38 @@
+"""Tiny random configs of every supported family, saved and loaded by path like a hub id."""
+
+from __future__ import annotations
+
+import transformers
+
+_COMMON_BART = dict(
+    vocab_size=99, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+    decoder_attention_heads=4, encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=64,
+    pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, dropout=0.0,
+    attention_dropout=0.0, activation_dropout=0.0,
+)
+
+FAMILY_CONFIGS = {
+    "bart": lambda: transformers.BartConfig(**_COMMON_BART),
+    "mbart": lambda: transformers.MBartConfig(**_COMMON_BART),
+    "marian": lambda: transformers.MarianConfig(**{**_COMMON_BART, "pad_token_id": 98, "decoder_start_token_id": 98}),
+    "pegasus": lambda: transformers.PegasusConfig(**{**_COMMON_BART, "pad_token_id": 0, "decoder_start_token_id": 0}),
+    "m2m_100": lambda: transformers.M2M100Config(**_COMMON_BART),
+    "t5": lambda: transformers.T5Config(
+        vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_decoder_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, dropout_rate=0.0, pad_token_id=0, eos_token_id=1,
+        decoder_start_token_id=0,
+    ),
+}
+FAMILIES = sorted(FAMILY_CONFIGS)
+
+
+def tiny_model(family: str, tmp_path, attn_implementation: str = "sdpa", seed: int = 0):
+    """A random tiny model of ``family``, saved to ``tmp_path`` and loaded back by path."""
+    import torch
+
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForSeq2SeqLM.from_config(FAMILY_CONFIGS[family]())
+    path = tmp_path / family
+    model.save_pretrained(path)
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(path, attn_implementation=attn_implementation)
+    return model.eval()
