@@ -1,0 +1,28 @@
+# `make train` and `make test` set up .venv on first use (CPU torch pinned), then run.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH := torch==2.13.0
+OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline
+
+.PHONY: setup train test test-all smoke
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet $(TORCH) -e '.[dev]'
+	touch $@
+
+train: setup
+	$(OFFLINE) $(BIN)/python train.py $(ARGS)
+
+smoke: setup
+	$(OFFLINE) $(BIN)/python train.py experiment=smoke $(ARGS)
+
+test: setup
+	$(OFFLINE) $(BIN)/python -m pytest -m "not slow" $(ARGS)
+
+test-all: setup
+	$(OFFLINE) $(BIN)/python -m pytest $(ARGS)

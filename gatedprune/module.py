@@ -1,0 +1,235 @@
+"""The Lightning module: gated fine-tuning of a Hugging Face seq2seq model (Voita et al. 2019).
+
+loss = per-token mean cross-entropy + l0_lambda * penalty, where the penalty is the expected number of open
+heads under ``penalty_normalisation`` (see ``HeadGates.penalty``). Before ``start_step`` the gates are held
+open and the penalty is off (the dense phase), so one run can train a baseline and then prune it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import lightning as L
+import sacrebleu
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from gatedprune.adapters import ATTENTION_KINDS, check_kinds
+from gatedprune.gates import GATE_MODES, GateOptions
+from gatedprune.gating import PENALTY_NORMALISATIONS, attach_gates
+from gatedprune.plots import save_gate_heatmap
+
+
+@dataclass
+class PruningConfig:
+    """What is gated and how strongly it is pushed to close."""
+
+    l0_lambda: float = 0.1
+    kinds: tuple[str, ...] = ATTENTION_KINDS
+    penalty_normalisation: str = "layer_mean"
+    start_step: int = 0  # dense phase: gates open and no penalty before this optimiser step
+    gate_lr: float = 0.1
+    eval_gate_mode: str = "binary"  # validation computes the function that export would keep
+    temperature: float = 0.33
+    stretch: tuple[float, float] = (-0.1, 1.1)
+    eps: float = 1e-6
+    init_log_alpha: float = 3.0
+    log_alpha_range: tuple[float, float] = (-10.0, 10.0)
+
+    def __post_init__(self) -> None:
+        self.kinds = check_kinds(self.kinds)
+        self.stretch = tuple(self.stretch)
+        self.log_alpha_range = tuple(self.log_alpha_range)
+        if not self.l0_lambda >= 0:
+            raise ValueError(f"pruning.l0_lambda={self.l0_lambda} is negative; allowed: a number >= 0")
+        if self.penalty_normalisation not in PENALTY_NORMALISATIONS:
+            raise ValueError(
+                f"pruning.penalty_normalisation={self.penalty_normalisation!r}; allowed: {', '.join(PENALTY_NORMALISATIONS)}"
+            )
+        if self.start_step < 0:
+            raise ValueError(f"pruning.start_step={self.start_step} is negative; allowed: an integer >= 0")
+        if self.eval_gate_mode not in GATE_MODES:
+            raise ValueError(f"pruning.eval_gate_mode={self.eval_gate_mode!r}; allowed: {', '.join(GATE_MODES)}")
+        self.gate_options()  # validates temperature, stretch, eps and the log_alpha range
+
+    def gate_options(self) -> GateOptions:
+        return GateOptions(self.temperature, self.stretch, self.eps, self.init_log_alpha, self.log_alpha_range)
+
+
+@dataclass
+class OptimConfig:
+    """AdamW for the model weights, linear warm-up then inverse square-root decay."""
+
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.98)
+    warmup_steps: int = 400
+    label_smoothing: float = 0.1
+
+
+@dataclass
+class GenerationConfig:
+    """Decoding used for validation BLEU/chrF."""
+
+    num_beams: int = 1
+    max_new_tokens: int = 96
+    length_factor: float = 1.5  # at most length_factor * source length + 10 new tokens
+    log_examples: int = 3
+    extra: dict = field(default_factory=dict)  # passed to generate() as is
+
+
+class GatedSeq2Seq(L.LightningModule):
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        pruning: PruningConfig,
+        optim: OptimConfig,
+        generation: GenerationConfig,
+        output_dir: str | Path = ".",
+    ):
+        super().__init__()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.pruning = pruning
+        self.optim = optim
+        self.generation = generation
+        self.output_dir = Path(output_dir)
+        self.gates = attach_gates(model, pruning.kinds, **asdict(pruning.gate_options()))
+        self.save_hyperparameters(
+            {"pruning": asdict(pruning), "optim": asdict(optim), "generation": asdict(generation)}
+        )
+        self.dense_metrics: dict = {}  # the last validation of the dense phase, for the final comparison
+        self._val_hyps: list[str] = []
+        self._val_refs: list[str] = []
+
+    # ---- phases -------------------------------------------------------------------------------------
+    @property
+    def gating(self) -> bool:
+        """True once the dense phase is over: ``start_step`` optimiser steps have been taken."""
+        return self.global_step >= self.pruning.start_step
+
+    @property
+    def gates_trained(self) -> bool:
+        """True once at least one gated step was taken; validation at ``start_step`` still sees the dense model."""
+        return self.global_step > self.pruning.start_step
+
+    def _train_gate_mode(self) -> str:
+        return "sample" if self.gating else "open"
+
+    def _eval_gate_mode(self) -> str:
+        return self.pruning.eval_gate_mode if self.gates_trained else "open"
+
+    # ---- training -----------------------------------------------------------------------------------
+    def _cross_entropy(self, batch: dict, label_smoothing: float) -> torch.Tensor:
+        out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+        logits = out.logits  # (B, T, V)
+        return F.cross_entropy(
+            logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100, label_smoothing=label_smoothing
+        )
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        self.gates.set_mode(self._train_gate_mode())
+        ce = self._cross_entropy(batch, self.optim.label_smoothing)
+        loss = ce
+        if self.gating:
+            penalty = self.gates.penalty(self.pruning.penalty_normalisation)
+            loss = ce + self.pruning.l0_lambda * penalty
+            self.log("train/penalty", penalty, batch_size=1)
+        ntokens = int((batch["labels"] != -100).sum())
+        self.log("train/ce", ce, prog_bar=True, batch_size=ntokens)
+        self.log("train/loss", loss, batch_size=ntokens)
+        self.log("train/expected_open", self.gates.expected_open(), prog_bar=True, batch_size=1)
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        self.gates.clamp_()
+
+    def configure_optimizers(self):
+        gate_params = list(self.gates.parameters())
+        optimizer = torch.optim.AdamW(
+            [
+                {"params": list(self.model.parameters()), "weight_decay": self.optim.weight_decay, "lr": self.optim.lr},
+                {"params": gate_params, "weight_decay": 0.0, "lr": self.pruning.gate_lr},
+            ],
+            betas=tuple(self.optim.betas),
+        )
+        warmup = max(1, self.optim.warmup_steps)
+
+        def model_schedule(step: int) -> float:  # linear warm-up, then inverse square root
+            step = step + 1
+            return min(step / warmup, math.sqrt(warmup / step))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, [model_schedule, lambda step: 1.0])
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ---- validation ---------------------------------------------------------------------------------
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self.gates.set_mode(self._eval_gate_mode())
+        ntokens = int((batch["labels"] != -100).sum())
+        self.log("val/loss", self._cross_entropy(batch, 0.0), batch_size=ntokens, prog_bar=True)
+        self._val_hyps += self.translate(batch["input_ids"], batch["attention_mask"])
+        self._val_refs += list(batch["tgt_texts"])
+
+    @torch.no_grad()
+    def translate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[str]:
+        gen = self.generation
+        max_new = min(gen.max_new_tokens, int(gen.length_factor * input_ids.shape[1]) + 10)
+        out = self.model.generate(
+            input_ids=input_ids, attention_mask=attention_mask, num_beams=gen.num_beams, max_new_tokens=max_new,
+            do_sample=False, **gen.extra,
+        )
+        return self.tokenizer.batch_decode(out, skip_special_tokens=True)
+
+    def on_validation_epoch_end(self) -> None:
+        hyps, refs = self._val_hyps, self._val_refs
+        self._val_hyps, self._val_refs = [], []
+        if not hyps:
+            return
+        bleu = sacrebleu.BLEU()
+        chrf = sacrebleu.CHRF()
+        scores = {
+            "val/bleu": bleu.corpus_score(hyps, [refs]).score,
+            "val/chrf": chrf.corpus_score(hyps, [refs]).score,
+            "val/expected_open": float(self.gates.expected_open()),
+        }
+        alive = self.gates.heads_alive() if self.gates_trained else self.heads_total()
+        scores.update({f"val/heads_alive_{k}": float(v) for k, v in alive.items()})
+        for kind in self.pruning.kinds:
+            scores[f"val/expected_open_{kind}"] = float(
+                sum(g.p_open().sum() for g, k in zip(self.gates.gates, self.gates.kinds) if k == kind)
+            )
+        self.log_dict(scores, prog_bar=False, batch_size=1)
+        self.signature = {"bleu": str(bleu.get_signature()), "chrf": str(chrf.get_signature())}
+        if not self.trainer.sanity_checking and not self.gates_trained:
+            self.dense_metrics = {"step": self.global_step, "bleu": scores["val/bleu"], "chrf": scores["val/chrf"]}
+        if self.trainer.sanity_checking or not self.trainer.is_global_zero:
+            return
+        for hyp, ref in list(zip(hyps, refs))[: self.generation.log_examples]:
+            print(f"  ref: {ref}\n  hyp: {hyp}")
+        png = save_gate_heatmap(
+            self.gates, self.output_dir / "gates" / f"step_{self.global_step:07d}.png", step=self.global_step
+        )
+        for logger in self.loggers:
+            if hasattr(logger, "log_image"):  # Weights & Biases
+                logger.log_image("gates/heatmap", [str(png)], step=self.global_step)
+
+    def heads_total(self) -> dict[str, int]:
+        """Every gated head counted as alive (the dense phase)."""
+        total = {k: 0 for k in self.pruning.kinds}
+        for gate, kind in zip(self.gates.gates, self.gates.kinds):
+            total[kind] += gate.num_heads
+        return {"total": sum(total.values()), **total}
+
+    # ---- checkpoints describe themselves, so the exporter needs nothing else --------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["hf_config"] = self.model.config.to_dict()
+        checkpoint["gate_options"] = asdict(self.pruning.gate_options())
+        checkpoint["gate_kinds"] = list(self.pruning.kinds)
+        checkpoint["dense_metrics"] = self.dense_metrics
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.dense_metrics = checkpoint.get("dense_metrics", {})

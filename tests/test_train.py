@@ -1,0 +1,116 @@
+"""The entry point: config groups compose and instantiate, a smoke run reports, bad input is refused cleanly."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from gatedprune.train import train
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+
+def _compose(tmp_path, overrides=()):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("train", overrides=[f"paths.output_dir={tmp_path}", *overrides])
+
+
+def test_every_option_of_every_group_composes_and_its_cheap_parts_instantiate(tmp_path):
+    for group in ("pruning", "optim", "generation"):
+        for option in sorted(p.stem for p in (CONF / group).glob("*.yaml")):
+            cfg = _compose(tmp_path, [f"{group}={option}"])
+            instantiate(cfg[group], _convert_="all")
+    for option in sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")):
+        _compose(tmp_path, [f"experiment={option}"])
+    cfg = _compose(tmp_path, ["logger=wandb", "trainer=gpu", "data=files", "model=pretrained"])
+    assert set(cfg.logger) == {"csv", "wandb"} and cfg.data.source == "files"
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke")
+    metrics = train(_compose(out, ["experiment=smoke"]))
+    return out, metrics
+
+
+def test_smoke_run_writes_metrics_checkpoint_tokenizer_and_heatmaps(smoke_run):
+    out, metrics = smoke_run
+    on_disk = json.loads((out / "metrics.json").read_text())
+    assert on_disk == json.loads(json.dumps(metrics))
+    for key in ("bleu", "chrf", "val_loss", "heads_total", "heads_alive", "expected_open", "l0_lambda",
+                "penalty_normalisation", "params", "checkpoint"):
+        assert key in on_disk, key
+    assert on_disk["heads_total"] == 24  # 2 layers x 4 heads x 3 kinds
+    alive = on_disk["heads_alive"]
+    assert set(alive) == {"total", "encoder", "decoder", "cross"}
+    assert alive["total"] == alive["encoder"] + alive["decoder"] + alive["cross"]
+    assert alive["total"] == sum(len(kept) for kept in on_disk["plan"].values())
+    assert on_disk["steps"] == 30 and on_disk["dense"]["step"] == 10
+    assert on_disk["penalty_normalisation"] == "layer_mean" and on_disk["l0_lambda"] == 0.5
+    assert Path(on_disk["checkpoint"]).is_file()
+    assert (out / "tokenizer" / "tokenizer.json").is_file()
+    assert sorted(p.name for p in (out / "gates").glob("*.png"))[-1] == "step_0000030.png"
+    assert (out / "csv" / "metrics.csv").is_file()
+
+
+def test_checkpoint_describes_model_and_gates(smoke_run):
+    out, metrics = smoke_run
+    ckpt = torch.load(metrics["checkpoint"], map_location="cpu", weights_only=False)
+    assert ckpt["hf_config"]["model_type"] == "mbart"
+    assert ckpt["gate_kinds"] == ["encoder", "decoder", "cross"]
+    assert ckpt["gate_options"]["temperature"] == 0.33
+    state = ckpt["state_dict"]
+    assert state["gates._extra_state"]["paths"][0] == "model.encoder.layers.0.self_attn"
+    log_alpha = torch.cat([state[f"gates.gates.{i}.log_alpha"] for i in range(6)])
+    kept = sum(len(k) for k in metrics["plan"].values())
+    assert int((log_alpha > 0).sum()) == kept
+
+
+def test_penalty_moves_gates_only_after_the_dense_phase(smoke_run):
+    out, _ = smoke_run
+    import csv
+
+    rows = list(csv.DictReader(open(out / "csv" / "metrics.csv")))
+    expected = [(int(r["step"]), float(r["train/expected_open"])) for r in rows if r.get("train/expected_open")]
+    dense = [v for step, v in expected if step < 10]
+    gated = [v for step, v in expected if step >= 15]
+    assert dense and gated
+    assert max(dense) == pytest.approx(min(dense))  # no gradient reaches log_alpha before start_step
+    assert gated[-1] < dense[0] - 1  # the L0 penalty closes gates
+
+
+def _run_cli(tmp_path, *overrides):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+    env.pop("GATEDPRUNE_DEBUG", None)
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "experiment=smoke", f"hydra.run.dir={run_dir}", *overrides],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+    )
+    return proc, run_dir
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("pruning.l0_lambda=-0.1", "error: pruning.l0_lambda=-0.1 is negative; allowed: a number >= 0"),
+        ("pruning.kinds=[encoder,self]", "error: unknown attention kind(s) ['self']; allowed: encoder, decoder, cross"),
+        ("data.source=web", "error: unknown data source 'web'; allowed:"),
+        ("model.name_or_path=./no/such/model", "error: model.name_or_path='./no/such/model' does not exist"),
+        ("pruning.temperature=0", "error: gate temperature must be > 0, got 0"),
+    ],
+)
+def test_bad_input_gets_one_line_and_nonzero_exit_and_leaves_nothing(tmp_path, override, message):
+    proc, run_dir = _run_cli(tmp_path, override)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(message), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not run_dir.exists()
