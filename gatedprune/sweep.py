@@ -1,0 +1,258 @@
+"""Summarise a sweep: one row per run of a Hydra multirun, BLEU against heads kept, optionally logged to W&B.
+
+`python -m gatedprune.sweep multirun/<date>/<time> [--out DIR] [--wandb]` writes `summary.csv`, `summary.md` and
+`pareto.png`. Runs that failed or have not finished are listed with their status, never plotted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+from statistics import mean
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from gatedprune.utils import atomic_write_text  # noqa: E402
+
+KINDS = ("encoder", "decoder", "cross")
+STATUSES = ("done", "failed", "running", "unknown")  # what status.json says, and "unknown" when neither file is there
+COLUMNS = [
+    "run", "method", "lambda", "heads_encoder", "heads_decoder", "heads_cross", "heads_alive", "heads_total",
+    "bleu", "chrf", "dense_bleu", "params", "status", "error",
+]
+
+
+class NoRunsError(ValueError):
+    """The directory holds no run to summarise."""
+
+
+def budget_objective(metrics: dict, budget: int | None) -> float:
+    """BLEU if the run keeps at most ``budget`` heads (or no budget is set), else ``budget - heads kept``.
+
+    The penalised value is negative, so every run over budget ranks below every run within it (BLEU >= 0), and
+    among runs over budget the optimiser is pulled towards fewer heads.
+    """
+    alive = metrics["heads_alive"]["total"]
+    return float(metrics["bleu"]) if budget is None or alive <= budget else float(budget - alive)
+
+
+def find_run_dirs(root: Path) -> list[Path]:
+    """Folders holding `.hydra/`, `metrics.json` or `status.json`; a run's own sub-folders are not searched."""
+    if any((root / name).exists() for name in (".hydra", "metrics.json", "status.json")):
+        return [root]
+    children = [p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")]
+    return [run for child in sorted(children, key=_natural) for run in find_run_dirs(child)]
+
+
+def read_run(run_dir: Path, root: Path) -> dict:
+    """One summary row: what metrics.json says, and the run's status from status.json."""
+    row = dict.fromkeys(COLUMNS)
+    row["run"] = run_dir.name if run_dir == root else run_dir.relative_to(root).as_posix()
+    row["error"] = ""
+    try:
+        metrics = _read_json(run_dir / "metrics.json")
+        state = _read_json(run_dir / "status.json") or {}
+    except (json.JSONDecodeError, OSError) as err:
+        return {**row, "method": "gated", "status": "failed", "error": f"unreadable: {err}"}
+
+    status = state.get("status") or ("done" if metrics is not None else "unknown")
+    if status == "failed":
+        row["error"] = state.get("error", "")
+    elif status == "done" and metrics is None:
+        status, row["error"] = "failed", "status.json says done but metrics.json is missing"
+    elif status == "unknown":
+        row["error"] = "no metrics.json or status.json: running, or stopped before writing them"
+    row["status"] = status
+
+    if metrics is None:  # what the run was asked to do is still in its config
+        row["method"] = "gated"
+        row["lambda"] = _config_lambda(run_dir)
+        return row
+    alive = metrics.get("heads_alive", {})
+    row.update({
+        "method": metrics.get("method", "gated"),
+        "lambda": metrics.get("l0_lambda"),
+        **{f"heads_{kind}": alive.get(kind) for kind in KINDS},  # only the gated kinds are there
+        "heads_alive": alive.get("total"),
+        "heads_total": metrics.get("heads_total"),
+        "bleu": metrics.get("bleu"),
+        "chrf": metrics.get("chrf"),
+        "dense_bleu": (metrics.get("dense") or {}).get("bleu"),
+        "params": metrics.get("params"),
+    })
+    return row
+
+
+def summarise(multirun_dir: str | Path, out_dir: str | Path | None = None) -> list[dict]:
+    """Read every run under ``multirun_dir``; write summary.csv, summary.md and pareto.png to ``out_dir``.
+
+    ``out_dir`` defaults to ``multirun_dir``. Rows are sorted by lambda (runs without one last), then method.
+    Raises NoRunsError, writing nothing, when there is no run to summarise.
+    """
+    root = Path(multirun_dir)
+    if not root.is_dir():
+        raise NoRunsError(f"{root} is not a directory")
+    run_dirs = find_run_dirs(root)
+    if not run_dirs:
+        raise NoRunsError(f"no runs under {root} (a run folder holds .hydra/, metrics.json or status.json)")
+    rows = sorted(
+        (read_run(d, root) for d in run_dirs),
+        key=lambda r: (r["lambda"] is None, r["lambda"] or 0.0, r["method"], _natural(Path(r["run"]))),
+    )
+    out = Path(out_dir) if out_dir is not None else root
+    atomic_write_text(out / "summary.csv", to_csv(rows))
+    atomic_write_text(out / "summary.md", to_markdown(rows, root))
+    plot_pareto(rows, out / "pareto.png", title=sweep_name(root))
+    return rows
+
+
+def sweep_name(root: Path) -> str:
+    """`<date>/<time>` of `multirun/<date>/<time>`: the last two parts of the path."""
+    return "/".join(Path(root).resolve().parts[-2:])
+
+
+def dense_baseline(rows: list[dict]) -> tuple[float, int] | None:
+    """Mean of the runs' dense-phase BLEU and how many runs it averages; None when no run had a dense phase.
+
+    The runs of a lambda sweep share seed and dense phase, so their dense scores agree; the mean also covers
+    sweeps where they differ.
+    """
+    scores = [r["dense_bleu"] for r in rows if r["dense_bleu"] is not None]
+    return (mean(scores), len(scores)) if scores else None
+
+
+def to_csv(rows: list[dict]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({k: "" if v is None else v for k, v in row.items()} for row in rows)
+    return buffer.getvalue()
+
+
+def to_markdown(rows: list[dict], root: Path) -> str:
+    found = sorted({r["status"] for r in rows}, key=lambda s: ((*STATUSES, s).index(s), s))
+    counts = {s: sum(r["status"] == s for r in rows) for s in found}
+    lines = [f"# Sweep summary: {root}", "", f"{len(rows)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items())]
+    dense = dense_baseline(rows)
+    if dense is not None:
+        lines.append(f"Dense-phase BLEU (mean over {dense[1]} runs): {dense[0]:.2f}")
+    header = ["run", "method", "lambda", *KINDS, "heads alive", "BLEU", "chrF", "params", "status", "error"]
+    lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        heads = "-" if r["heads_alive"] is None else f"{r['heads_alive']} / {_fmt(r['heads_total'], 'd')}"
+        cells = [
+            r["run"], r["method"], _fmt(r["lambda"], "g"), *(_fmt(r[f"heads_{k}"], "d") for k in KINDS), heads,
+            _fmt(r["bleu"], ".2f"), _fmt(r["chrf"], ".2f"), _fmt(r["params"], ","), r["status"],
+            r["error"].replace("|", "\\|").replace("\n", " "),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_pareto(rows: list[dict], path: Path, title: str = "") -> None:
+    """BLEU against heads kept, one marker per finished run: gated runs (lambda annotated) first, then other methods."""
+    done = [r for r in rows if r["status"] == "done" and r["bleu"] is not None and r["heads_alive"] is not None]
+    methods = sorted({r["method"] for r in done}, key=lambda m: (m != "gated", m))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, method in enumerate(methods):
+        points = [r for r in done if r["method"] == method]
+        ax.scatter([r["heads_alive"] for r in points], [r["bleu"] for r in points], color=f"C{i}", label=method,
+                   zorder=3)
+        if method == "gated":
+            points.sort(key=lambda r: r["heads_alive"])
+            ax.plot([r["heads_alive"] for r in points], [r["bleu"] for r in points], color="C0", alpha=0.4)
+            for r in points:
+                ax.annotate(f"λ={_fmt(r['lambda'], 'g')}", (r["heads_alive"], r["bleu"]), xytext=(4, 4),
+                            textcoords="offset points", fontsize=8)
+    dense = dense_baseline(rows)
+    if dense is not None:
+        ax.axhline(dense[0], color="grey", linestyle="--",
+                   label=f"dense phase, mean of {dense[1]} runs ({dense[0]:.2f})")
+    totals = {r["heads_total"] for r in done} - {None}
+    ax.set_xlabel(f"heads kept (of {totals.pop()})" if len(totals) == 1 else "heads kept")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("validation BLEU")
+    ax.set_title(f"{title}: {len(done)} of {len(rows)} runs finished")
+    if methods or dense is not None:
+        ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", dpi=120)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
+
+
+def log_to_wandb(rows: list[dict], plot: Path, name: str, out_dir: Path) -> None:
+    """The table and the plot as one W&B run; offline unless WANDB_MODE says otherwise (`wandb sync` later)."""
+    import wandb
+
+    run = wandb.init(
+        project="gatedprune", job_type="sweep-summary", name=name, dir=str(out_dir),
+        mode=os.environ.get("WANDB_MODE", "offline"),
+    )
+    table = wandb.Table(columns=COLUMNS, data=[[r[c] for c in COLUMNS] for r in rows], allow_mixed_types=True)
+    run.log({"sweep/summary": table, "sweep/pareto": wandb.Image(str(plot))})
+    run.finish()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gatedprune-sweep", description="Summarise the runs of a multirun: summary.csv, summary.md, pareto.png."
+    )
+    parser.add_argument("multirun_dir", help="e.g. multirun/<date>/<time>; searched recursively for run folders")
+    parser.add_argument("--out", default=None, help="where to write (default: multirun_dir)")
+    parser.add_argument("--wandb", action="store_true", help="also log the table and plot to W&B (offline by default)")
+    args = parser.parse_args(argv)
+    out = Path(args.out or args.multirun_dir)
+    try:
+        rows = summarise(args.multirun_dir, out)
+    except NoRunsError as error:
+        print(f"gatedprune-sweep: {error}", file=sys.stderr)
+        return 1
+    if args.wandb:
+        log_to_wandb(rows, out / "pareto.png", sweep_name(args.multirun_dir), out)
+    print((out / "summary.md").read_text(), end="")
+    print(f"wrote {out / 'summary.csv'}, {out / 'summary.md'}, {out / 'pareto.png'}")
+    return 0
+
+
+def _read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _config_lambda(run_dir: Path) -> float | None:
+    config = run_dir / ".hydra" / "config.yaml"
+    return OmegaConf.select(OmegaConf.load(config), "pruning.l0_lambda") if config.is_file() else None
+
+
+def _natural(path: Path) -> list:
+    """Sort key that puts run 10 after run 9."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.as_posix())]
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
