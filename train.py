@@ -19,9 +19,9 @@ from gatedprune.train import set_offline_defaults, train
 def main(cfg: DictConfig) -> float:
     try:
         metrics = train(cfg)
-    except (ValueError, FileNotFoundError, InstantiationException) as err:
+    except (ValueError, FileNotFoundError, FloatingPointError, InstantiationException) as err:
         cause = err.__cause__ if isinstance(err, InstantiationException) else err
-        if os.environ.get("GATEDPRUNE_DEBUG") or not isinstance(cause, (ValueError, FileNotFoundError)):
+        if os.environ.get("GATEDPRUNE_DEBUG") or not isinstance(cause, (ValueError, FileNotFoundError, FloatingPointError)):
             raise
         print(f"error: {cause}", file=sys.stderr)
         _remove_empty_run_dir(Path(cfg.paths.output_dir))
@@ -31,7 +31,7 @@ def main(cfg: DictConfig) -> float:
 
 def _remove_empty_run_dir(run_dir: Path) -> None:
     """A run refused for bad input leaves nothing behind but what Hydra wrote before it started."""
-    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".hydra", "train.log"}:
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".hydra", "train.log", "status.json"}:
         shutil.rmtree(run_dir)
 
 

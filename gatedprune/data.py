@@ -197,17 +197,20 @@ def token_budget_batches(lengths: list[int], max_tokens: int) -> list[list[int]]
 class EpochShuffle(Sampler[int]):
     """A permutation of range(n) drawn from (seed, epoch) only, so a resumed run replays the same order.
 
-    Lightning calls ``set_epoch`` on ``dataloader.batch_sampler.sampler`` at the start of every epoch.
+    Lightning calls ``set_epoch`` on ``dataloader.batch_sampler.sampler`` at the start of every epoch. ``skip``
+    drops the first batches of the next pass only: those a resumed run already trained on before it stopped.
     """
 
-    def __init__(self, n: int, seed: int) -> None:
-        self.n, self.seed, self.epoch = n, seed, 0
+    def __init__(self, n: int, seed: int, skip: int = 0) -> None:
+        self.n, self.seed, self.epoch, self.skip = n, seed, 0, skip
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
-        return iter(np.random.default_rng([self.seed, self.epoch]).permutation(self.n).tolist())
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n).tolist()
+        skip, self.skip = self.skip, 0
+        return iter(order[skip:])
 
     def __len__(self) -> int:
         return self.n
@@ -322,6 +325,7 @@ class TranslationDataModule(lightning.LightningDataModule):
         self.tokenizer: transformers.PreTrainedTokenizerBase | None = None
         self.datasets: dict[str, TokenizedPairs] | None = None
         self.batches: dict[str, list[list[int]]] | None = None
+        self._resume_skip = 0  # training batches of the current epoch already used before a resume
 
     def load_pairs(self) -> dict[str, list[Pair]]:
         """Raw (source, target) strings per split, before any tokenisation."""
@@ -350,7 +354,13 @@ class TranslationDataModule(lightning.LightningDataModule):
             return self.tokenizer
         self.pairs = self.load_pairs()
         if self.tokenizer_path is not None:
-            self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.tokenizer_path)
+            try:
+                self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.tokenizer_path)
+            except OSError:
+                raise ValueError(
+                    f"no tokenizer at {self.tokenizer_path!r} (data.tokenizer_path, by default model.name_or_path): "
+                    "not a local directory and not a cached hub model"
+                ) from None
         else:
             texts = [text for pair in self.pairs["train"] for text in pair]
             self.tokenizer = train_unigram_tokenizer(texts, self.vocab_size)
@@ -396,6 +406,14 @@ class TranslationDataModule(lightning.LightningDataModule):
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )
+
+    def state_dict(self) -> dict:
+        """Saved in Lightning checkpoints: how far into its epoch training was, so a resume skips those batches."""
+        progress = self.trainer.fit_loop.epoch_loop.batch_progress.current if self.trainer is not None else None
+        return {"train_batches_done_in_epoch": progress.processed if progress is not None else 0}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resume_skip = state.get("train_batches_done_in_epoch", 0)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train")

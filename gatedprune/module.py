@@ -68,6 +68,15 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.98)
     warmup_steps: int = 400
     label_smoothing: float = 0.1
+    max_bad_steps: int = 10  # consecutive steps with a non-finite loss or gradient before the run stops
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"optim.lr={self.lr}; allowed: a number > 0")
+        if not 0 <= self.label_smoothing < 1:
+            raise ValueError(f"optim.label_smoothing={self.label_smoothing}; allowed: 0 <= value < 1")
+        if self.max_bad_steps < 1:
+            raise ValueError(f"optim.max_bad_steps={self.max_bad_steps}; allowed: an integer >= 1")
 
 
 @dataclass
@@ -103,6 +112,8 @@ class GatedSeq2Seq(L.LightningModule):
             {"pruning": asdict(pruning), "optim": asdict(optim), "generation": asdict(generation)}
         )
         self.dense_metrics: dict = {}  # the last validation of the dense phase, for the final comparison
+        self.skipped_steps = 0  # steps skipped for a non-finite loss or gradient, in total
+        self._bad_in_a_row = 0
         self._val_hyps: list[str] = []
         self._val_refs: list[str] = []
 
@@ -125,10 +136,14 @@ class GatedSeq2Seq(L.LightningModule):
 
     # ---- training -----------------------------------------------------------------------------------
     def _cross_entropy(self, batch: dict, label_smoothing: float) -> torch.Tensor:
-        out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
-        logits = out.logits  # (B, T, V)
-        return F.cross_entropy(
-            logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100, label_smoothing=label_smoothing
+        labels = batch["labels"]  # (B, T), -100 on padding
+        # decoder inputs as the family's own forward builds them from labels (mBART starts with the EOS it wraps);
+        # building them here spares the cross-entropy the model would compute when given labels
+        shift = getattr(self.model, "prepare_decoder_input_ids_from_labels", None)
+        targets = {"decoder_input_ids": shift(labels=labels)} if shift is not None else {"labels": labels}
+        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **targets).logits
+        return F.cross_entropy(  # logits: (B, T, V)
+            logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, label_smoothing=label_smoothing
         )
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
@@ -143,7 +158,36 @@ class GatedSeq2Seq(L.LightningModule):
         self.log("train/ce", ce, prog_bar=True, batch_size=ntokens)
         self.log("train/loss", loss, batch_size=ntokens)
         self.log("train/expected_open", self.gates.expected_open(), prog_bar=True, batch_size=1)
+        if not torch.isfinite(loss):
+            self._skip_step(f"loss is {loss.item()}")
+            return None  # Lightning then skips backward and the optimiser step
         return loss
+
+    def on_train_start(self) -> None:
+        if self.trainer.ckpt_path:
+            log_alpha = torch.cat([g.log_alpha.detach() for g in self.gates.gates])
+            print(
+                f"resumed at step {self.global_step}: gates restored (sum of log_alpha {log_alpha.sum().item():.6f}, "
+                f"{int((log_alpha > 0).sum())} of {log_alpha.numel()} heads open)"
+            )
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if grads and not torch.isfinite(torch.stack([g.norm() for g in grads]).sum()):
+            optimizer.zero_grad(set_to_none=True)  # AdamW leaves parameters without a gradient untouched
+            self._skip_step("a gradient is not finite")
+        else:
+            self._bad_in_a_row = 0
+
+    def _skip_step(self, why: str) -> None:
+        self.skipped_steps += 1
+        self._bad_in_a_row += 1
+        print(f"warning: step {self.global_step} skipped: {why} ({self.skipped_steps} skipped so far)")
+        if self._bad_in_a_row >= self.optim.max_bad_steps:
+            raise FloatingPointError(
+                f"{self._bad_in_a_row} steps in a row had a non-finite loss or gradient (optim.max_bad_steps="
+                f"{self.optim.max_bad_steps}); stopped at step {self.global_step}, the last checkpoint is the last good one"
+            )
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         self.gates.clamp_()
@@ -227,9 +271,16 @@ class GatedSeq2Seq(L.LightningModule):
     # ---- checkpoints describe themselves, so the exporter needs nothing else --------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["hf_config"] = self.model.config.to_dict()
+        checkpoint["generation_config"] = self.model.generation_config.to_dict()
         checkpoint["gate_options"] = asdict(self.pruning.gate_options())
         checkpoint["gate_kinds"] = list(self.pruning.kinds)
         checkpoint["dense_metrics"] = self.dense_metrics
+        checkpoint["skipped_steps"] = self.skipped_steps
+        # the random state too, so a resumed run draws the same gate noise and dropout as an uninterrupted one
+        checkpoint["rng_state"] = torch.get_rng_state()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.dense_metrics = checkpoint.get("dense_metrics", {})
+        self.skipped_steps = checkpoint.get("skipped_steps", 0)
+        if "rng_state" in checkpoint:
+            torch.set_rng_state(checkpoint["rng_state"])

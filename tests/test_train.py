@@ -103,7 +103,7 @@ def _run_cli(tmp_path, *overrides):
         ("pruning.l0_lambda=-0.1", "error: pruning.l0_lambda=-0.1 is negative; allowed: a number >= 0"),
         ("pruning.kinds=[encoder,self]", "error: unknown attention kind(s) ['self']; allowed: encoder, decoder, cross"),
         ("data.source=web", "error: unknown data source 'web'; allowed:"),
-        ("model.name_or_path=./no/such/model", "error: model.name_or_path='./no/such/model' does not exist"),
+        ("model.name_or_path=./no/such/model", "error: no tokenizer at './no/such/model' (data.tokenizer_path, by default"),
         ("pruning.temperature=0", "error: gate temperature must be > 0, got 0"),
     ],
 )
@@ -113,4 +113,18 @@ def test_bad_input_gets_one_line_and_nonzero_exit_and_leaves_nothing(tmp_path, o
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(message), proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+    assert not run_dir.exists()
+
+
+def test_missing_language_columns_are_named(tmp_path):
+    rows = "".join(json.dumps({"english": f"a{i}", "french": f"b{i}"}) + "\n" for i in range(5))
+    for split in ("train", "validation"):
+        (tmp_path / f"{split}.jsonl").write_text(rows)
+    proc, run_dir = _run_cli(
+        tmp_path, "data=files", f"data.files.train={tmp_path}/train.jsonl",
+        f"data.files.validation={tmp_path}/validation.jsonl", "~data.files.test",
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and "no column 'en'" in proc.stderr
+    assert "['english', 'french']" in proc.stderr and "Traceback" not in proc.stderr
     assert not run_dir.exists()

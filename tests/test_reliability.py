@@ -1,0 +1,156 @@
+"""Runs that survive interruption, skip non-finite steps, and repeat themselves exactly."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from families import tiny_model
+from gatedprune.module import GatedSeq2Seq, GenerationConfig, OptimConfig, PruningConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ["experiment=smoke", "trainer.max_steps=40", "export.enabled=false"]
+
+
+def _start(run_dir: Path, *overrides: str) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *SMOKE, f"hydra.run.dir={run_dir}", *overrides],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=run_dir.parent,
+    )
+
+
+def _finish(proc: subprocess.Popen) -> str:
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def _log_alpha(checkpoint: Path) -> torch.Tensor:
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
+    return torch.cat([state[k] for k in sorted(state) if k.endswith(".log_alpha")])
+
+
+def _step(checkpoint: Path) -> int:
+    return torch.load(checkpoint, map_location="cpu", weights_only=False)["global_step"]
+
+
+def _wait_for_checkpoint(proc: subprocess.Popen, checkpoint: Path, min_step: int) -> None:
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        try:
+            if checkpoint.is_file() and _step(checkpoint) >= min_step:
+                return
+        except Exception:  # caught mid-write (should not happen: writes are atomic) or still empty
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"no checkpoint of step >= {min_step} at {checkpoint}")
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    run_dir.parent.mkdir(exist_ok=True)
+    _finish(_start(run_dir))
+    return run_dir
+
+
+def test_same_seed_same_gates_and_plan(reference_run, tmp_path):
+    run_dir = tmp_path / "again"
+    _finish(_start(run_dir))
+    a, b = (json.loads((d / "metrics.json").read_text()) for d in (reference_run, run_dir))
+    assert a["plan"] == b["plan"] and a["seed"] == 1234 and "torch" in a["versions"]
+    assert torch.equal(_log_alpha(reference_run / "checkpoints/last.ckpt"), _log_alpha(run_dir / "checkpoints/last.ckpt"))
+    trajectory = [
+        [line.split(",") for line in (d / "csv" / "metrics.csv").read_text().splitlines()] for d in (reference_run, run_dir)
+    ]
+    assert trajectory[0] == trajectory[1]
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_killed_run_resumes_to_the_uninterrupted_result(reference_run, tmp_path, how):
+    run_dir = tmp_path / "run"
+    checkpoint = run_dir / "checkpoints" / "last.ckpt"
+    proc = _start(run_dir)
+    _wait_for_checkpoint(proc, checkpoint, min_step=20)
+    proc.send_signal(how)
+    out, _ = proc.communicate(timeout=120)
+    if how == signal.SIGTERM:
+        assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+        assert json.loads((run_dir / "status.json").read_text())["status"] == "interrupted"
+        assert "SIGTERM: saved" in out
+    else:
+        assert proc.returncode == -signal.SIGKILL
+    assert not (run_dir / "metrics.json").exists()
+    stopped_at, saved_log_alpha = _step(checkpoint), _log_alpha(checkpoint)
+    assert 20 <= stopped_at < 40
+
+    out = _finish(_start(run_dir))  # same run dir: resume=auto continues from its last checkpoint
+    assert f"resuming from {checkpoint}" in out
+    assert f"resumed at step {stopped_at}: gates restored (sum of log_alpha {saved_log_alpha.sum().item():.6f}" in out
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["steps"] == 40 and json.loads((run_dir / "status.json").read_text())["status"] == "done"
+    # same data order, gate noise and dropout as the run that was never interrupted
+    assert torch.allclose(_log_alpha(checkpoint), _log_alpha(reference_run / "checkpoints/last.ckpt"), atol=1e-6)
+    assert metrics["plan"] == json.loads((reference_run / "metrics.json").read_text())["plan"]
+
+
+def test_resume_from_another_run_dir_and_bad_resume_paths(reference_run, tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+    bad = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *SMOKE, f"hydra.run.dir={tmp_path / 'x'}", f"resume={tmp_path / 'nope'}"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+    )
+    assert bad.returncode == 2 and f"error: resume='{tmp_path / 'nope'}': no checkpoint at" in bad.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def _module(tmp_path, max_bad_steps=3) -> GatedSeq2Seq:
+    model = tiny_model("mbart", tmp_path)
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=__import__("tokenizers").Tokenizer(__import__("tokenizers").models.WordLevel({"<pad>": 1, "<unk>": 0}, "<unk>")),
+        pad_token="<pad>",
+    )
+    return GatedSeq2Seq(model, tokenizer, PruningConfig(), OptimConfig(max_bad_steps=max_bad_steps), GenerationConfig(), tmp_path)
+
+
+def test_non_finite_loss_is_skipped_then_stops_the_run(tmp_path, monkeypatch):
+    module = _module(tmp_path)
+    module.log = lambda *args, **kwargs: None  # outside a Trainer
+    batch = {"input_ids": torch.randint(3, 90, (2, 5)), "attention_mask": torch.ones(2, 5, dtype=torch.long),
+             "labels": torch.randint(3, 90, (2, 4))}
+    assert torch.isfinite(module.training_step(batch, 0))
+    monkeypatch.setattr(module, "_cross_entropy", lambda batch, smoothing: torch.tensor(float("nan")))
+    assert module.training_step(batch, 1) is None and module.training_step(batch, 2) is None
+    assert module.skipped_steps == 2
+    with pytest.raises(FloatingPointError, match=r"3 steps in a row had a non-finite loss or gradient \(optim.max_bad_steps=3\)"):
+        module.training_step(batch, 3)
+
+
+def test_non_finite_gradient_skips_the_optimiser_step(tmp_path):
+    module = _module(tmp_path)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in module.parameters()]
+    for p in module.parameters():
+        p.grad = torch.ones_like(p)
+    next(module.parameters()).grad[0] = float("inf")
+    module.on_before_optimizer_step(optimizer)
+    optimizer.step()
+    assert module.skipped_steps == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, module.parameters()))
+
+
+def test_log_alpha_is_clamped_after_each_step(tmp_path):
+    module = _module(tmp_path)
+    with torch.no_grad():
+        module.gates.gates[0].log_alpha.fill_(1e6)
+    module.on_train_batch_end(None, None, 0)
+    assert module.gates.gates[0].log_alpha.max().item() == 10.0
