@@ -23,6 +23,7 @@ import importlib.resources
 import json
 import re
 import sqlite3
+import warnings
 from collections.abc import Iterable, Iterator
 from functools import partial
 from pathlib import Path
@@ -37,6 +38,9 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 Pair = tuple[str, str]
+
+# Lightning warns that a mid-epoch resume replays the epoch from its start; this module's sampler resumes exactly
+warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
 
 SOURCES = ("bible", "hf", "files")
 SPLITS = ("train", "validation", "test")  # the test split is optional for the hf and files sources
@@ -201,8 +205,8 @@ class EpochShuffle(Sampler[int]):
     drops the first batches of the next pass only: those a resumed run already trained on before it stopped.
     """
 
-    def __init__(self, n: int, seed: int, skip: int = 0) -> None:
-        self.n, self.seed, self.epoch, self.skip = n, seed, 0, skip
+    def __init__(self, n: int, seed: int, epoch: int = 0, skip: int = 0) -> None:
+        self.n, self.seed, self.epoch, self.skip = n, seed, epoch, skip
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -325,7 +329,9 @@ class TranslationDataModule(lightning.LightningDataModule):
         self.tokenizer: transformers.PreTrainedTokenizerBase | None = None
         self.datasets: dict[str, TokenizedPairs] | None = None
         self.batches: dict[str, list[list[int]]] | None = None
-        self._resume_skip = 0  # training batches of the current epoch already used before a resume
+        # (epoch, training batches of it already used) where a resumed run picks up; Lightning draws the first
+        # batch before it calls set_epoch, so the sampler must know the epoch from the start
+        self._resume_at = (0, 0)
 
     def load_pairs(self) -> dict[str, list[Pair]]:
         """Raw (source, target) strings per split, before any tokenisation."""
@@ -398,22 +404,25 @@ class TranslationDataModule(lightning.LightningDataModule):
 
     def _loader(self, split: str) -> DataLoader:
         batches = self.batches[split]
-        batch_order = EpochShuffle(len(batches), self.seed) if split == "train" else range(len(batches))
+        is_train = split == "train"
+        batch_order = EpochShuffle(len(batches), self.seed, *self._resume_at) if is_train else range(len(batches))
         return DataLoader(
             self.datasets[split],
             batch_sampler=FixedBatches(batches, batch_order),
-            collate_fn=partial(collate_pairs, pad_id=self.tokenizer.pad_token_id, with_texts=split != "train"),
+            collate_fn=partial(collate_pairs, pad_id=self.tokenizer.pad_token_id, with_texts=not is_train),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )
 
     def state_dict(self) -> dict:
-        """Saved in Lightning checkpoints: how far into its epoch training was, so a resume skips those batches."""
-        progress = self.trainer.fit_loop.epoch_loop.batch_progress.current if self.trainer is not None else None
-        return {"train_batches_done_in_epoch": progress.processed if progress is not None else 0}
+        """Saved in Lightning checkpoints: how far into which epoch training was, so a resume skips those batches."""
+        if self.trainer is None:
+            return {"epoch": 0, "train_batches_done_in_epoch": 0}
+        progress = self.trainer.fit_loop.epoch_loop.batch_progress.current
+        return {"epoch": self.trainer.current_epoch, "train_batches_done_in_epoch": progress.processed}
 
     def load_state_dict(self, state: dict) -> None:
-        self._resume_skip = state.get("train_batches_done_in_epoch", 0)
+        self._resume_at = (state.get("epoch", 0), state.get("train_batches_done_in_epoch", 0))
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train")

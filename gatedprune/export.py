@@ -29,6 +29,7 @@ from gatedprune import remote_modeling
 from gatedprune.adapters import ATTENTION_KINDS, attention_sites
 from gatedprune.gating import HeadGates, attach_gates
 from gatedprune.remote_modeling import CONFIG_KEY
+from gatedprune.utils import load_gated_checkpoint_file
 from gatedprune.surgery import (
     count_parameters,
     family_class,
@@ -59,19 +60,30 @@ class ExportError(RuntimeError):
 # --- gates -> plan --------------------------------------------------------------------------------------------
 
 
-def plan_from_gates(gates: HeadGates, rule: str = "binary", top_k: int | None = None) -> dict[str, list[int]]:
-    """The heads a gate rule keeps: ``binary`` (log_alpha > 0) or ``top-k`` (the k largest log_alpha overall)."""
+def plan_from_gates(
+    gates: HeadGates, rule: str = "binary", top_k: int | Mapping[str, int] | None = None
+) -> dict[str, list[int]]:
+    """The heads a gate rule keeps: ``binary`` (log_alpha > 0) or ``top-k``: the k largest log_alpha overall, or
+    per attention kind with ``top_k={kind: k}`` (kinds it does not name follow the binary rule)."""
     if rule not in RULES:
         raise ValueError(f"unknown gate rule {rule!r}; allowed: {', '.join(RULES)}")
     if rule == "binary":
         if top_k is not None:
             raise ValueError("top_k is only used by rule='top-k'")
         return gates.plan()
-    if top_k is None or not 0 <= top_k <= gates.num_heads:
-        raise ValueError(f"rule 'top-k' needs 0 <= top_k <= {gates.num_heads} (the gated heads), got {top_k}")
+    budgets = dict(top_k) if isinstance(top_k, Mapping) else {"total": top_k}
     scores = torch.cat([gate.log_alpha.detach().cpu() for gate in gates.gates])  # (N,)
-    keep = torch.zeros_like(scores, dtype=torch.bool)
-    keep[torch.argsort(scores, descending=True, stable=True)[:top_k]] = True  # ties: the earlier head wins
+    kinds = [kind for gate, kind in zip(gates.gates, gates.kinds) for _ in range(gate.num_heads)]  # (N,)
+    keep = scores > 0
+    for group, k in budgets.items():
+        members = torch.tensor([i for i, kind in enumerate(kinds) if group in ("total", kind)], dtype=torch.long)
+        if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= len(members):
+            raise ValueError(
+                f"rule 'top-k' needs 0 <= top_k <= {len(members)} (the gated heads of {group}), got {k!r}"
+            )
+        ranked = members[torch.argsort(scores[members], descending=True, stable=True)]  # ties: the earlier head wins
+        keep[ranked] = False
+        keep[ranked[:k]] = True
     per_site = keep.split([gate.num_heads for gate in gates.gates])
     return {path: torch.nonzero(k).flatten().tolist() for path, k in zip(gates.paths, per_site)}
 
@@ -404,6 +416,10 @@ def export_gated(
     kept = sum(len(heads) for heads in plan.values())
     log.info("rule %s keeps %d of %d gated heads and removes %d", rule_name, kept, gates.num_heads,
              gates.num_heads - kept)
+    binary = gates.plan()
+    decided = sum(len(set(plan[path]) ^ set(binary[path])) for path in plan)  # heads where the rule overrode log_alpha > 0
+    if rule != "binary":
+        log.info("rule %s decided %d heads differently from the binary rule (log_alpha > 0)", rule_name, decided)
 
     save_dtype = next(model.parameters()).dtype
     work = _float32_copy(model, device)
@@ -449,7 +465,10 @@ def export_gated(
             and all(diff < TOLERANCE for diff in reload_diffs.values())
             and check["params_match"]
         )
-        report = {**_describe(work, stage, size_before), "unconverged_gates": unconverged, "verification": check}
+        report = {
+            **_describe(work, stage, size_before), "unconverged_gates": unconverged, "decided_by_rule": decided,
+            "verification": check,
+        }
         log.info("%s", _verification_summary(report))
         if not check["passed"]:
             raise ExportError(
@@ -489,7 +508,7 @@ def _strip(state: Mapping[str, torch.Tensor], prefix: str) -> dict:
 
 def load_gated_checkpoint(path: str | Path) -> tuple[transformers.PreTrainedModel, HeadGates]:
     """Rebuild the gated model of a Lightning checkpoint written by the gated trainer."""
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    checkpoint = load_gated_checkpoint_file(path)
     config = transformers.AutoConfig.for_model(**checkpoint["hf_config"])
     model = transformers.AutoModelForSeq2SeqLM.from_config(config)
     model.load_state_dict(_strip(checkpoint["state_dict"], "model."))

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gatedprune.adapters import ATTENTION_KINDS, check_kinds
+from gatedprune.budget import HeadBudget, resolve_targets
 from gatedprune.gates import GATE_MODES, GateOptions
 from gatedprune.gating import PENALTY_NORMALISATIONS, attach_gates
 from gatedprune.plots import save_gate_heatmap
@@ -38,6 +39,10 @@ class PruningConfig:
     eps: float = 1e-6
     init_log_alpha: float = 3.0
     log_alpha_range: tuple[float, float] = (-10.0, 10.0)
+    # an exact head budget instead of l0_lambda: a count, a fraction, or {kind: count or fraction} (see budget.py)
+    target_heads: int | float | dict | None = None
+    target_warmup_steps: int = 100  # gated steps over which the target ramps from all heads to its value
+    lagrangian_lr: float = 0.05
 
     def __post_init__(self) -> None:
         self.kinds = check_kinds(self.kinds)
@@ -99,6 +104,7 @@ class GatedSeq2Seq(L.LightningModule):
         optim: OptimConfig,
         generation: GenerationConfig,
         output_dir: str | Path = ".",
+        seed: int = 0,
     ):
         super().__init__()
         self.model = model
@@ -107,7 +113,13 @@ class GatedSeq2Seq(L.LightningModule):
         self.optim = optim
         self.generation = generation
         self.output_dir = Path(output_dir)
+        self.seed = seed
         self.gates = attach_gates(model, pruning.kinds, **asdict(pruning.gate_options()))
+        self.budget = (
+            HeadBudget(self.gates, resolve_targets(pruning.target_heads, self.gates), pruning.target_warmup_steps)
+            if pruning.target_heads is not None
+            else None
+        )
         self.save_hyperparameters(
             {"pruning": asdict(pruning), "optim": asdict(optim), "generation": asdict(generation)}
         )
@@ -150,7 +162,12 @@ class GatedSeq2Seq(L.LightningModule):
         self.gates.set_mode(self._train_gate_mode())
         ce = self._cross_entropy(batch, self.optim.label_smoothing)
         loss = ce
-        if self.gating:
+        if self.gating and self.budget is not None:
+            penalty = self.budget(self.global_step - self.pruning.start_step)
+            loss = ce + penalty
+            self.log("train/lagrangian", penalty, batch_size=1)
+            self.log("train/lambda1", self.budget.lambda1.sum(), batch_size=1)
+        elif self.gating:
             penalty = self.gates.penalty(self.pruning.penalty_normalisation)
             loss = ce + self.pruning.l0_lambda * penalty
             self.log("train/penalty", penalty, batch_size=1)
@@ -162,6 +179,11 @@ class GatedSeq2Seq(L.LightningModule):
             self._skip_step(f"loss is {loss.item()}")
             return None  # Lightning then skips backward and the optimiser step
         return loss
+
+    def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+        # gate noise and dropout of step k depend on (seed, k) alone, so a resumed run draws what an
+        # uninterrupted one would have, whatever else consumed random numbers in between
+        torch.manual_seed(self.seed * 1_000_003 + self.global_step)
 
     def on_train_start(self) -> None:
         if self.trainer.ckpt_path:
@@ -193,21 +215,21 @@ class GatedSeq2Seq(L.LightningModule):
         self.gates.clamp_()
 
     def configure_optimizers(self):
-        gate_params = list(self.gates.parameters())
-        optimizer = torch.optim.AdamW(
-            [
-                {"params": list(self.model.parameters()), "weight_decay": self.optim.weight_decay, "lr": self.optim.lr},
-                {"params": gate_params, "weight_decay": 0.0, "lr": self.pruning.gate_lr},
-            ],
-            betas=tuple(self.optim.betas),
-        )
+        groups = [
+            {"params": list(self.model.parameters()), "weight_decay": self.optim.weight_decay, "lr": self.optim.lr},
+            {"params": list(self.gates.parameters()), "weight_decay": 0.0, "lr": self.pruning.gate_lr},
+        ]
+        if self.budget is not None:  # lambda1, lambda2: their gradients are negated, so this is ascent
+            groups.append({"params": list(self.budget.parameters()), "weight_decay": 0.0, "lr": self.pruning.lagrangian_lr})
+        optimizer = torch.optim.AdamW(groups, betas=tuple(self.optim.betas))
         warmup = max(1, self.optim.warmup_steps)
 
         def model_schedule(step: int) -> float:  # linear warm-up, then inverse square root
             step = step + 1
             return min(step / warmup, math.sqrt(warmup / step))
 
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, [model_schedule, lambda step: 1.0])
+        constant = [lambda step: 1.0] * (len(groups) - 1)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, [model_schedule, *constant])
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # ---- validation ---------------------------------------------------------------------------------
@@ -276,11 +298,7 @@ class GatedSeq2Seq(L.LightningModule):
         checkpoint["gate_kinds"] = list(self.pruning.kinds)
         checkpoint["dense_metrics"] = self.dense_metrics
         checkpoint["skipped_steps"] = self.skipped_steps
-        # the random state too, so a resumed run draws the same gate noise and dropout as an uninterrupted one
-        checkpoint["rng_state"] = torch.get_rng_state()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.dense_metrics = checkpoint.get("dense_metrics", {})
         self.skipped_steps = checkpoint.get("skipped_steps", 0)
-        if "rng_state" in checkpoint:
-            torch.set_rng_state(checkpoint["rng_state"])

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import signal
 from pathlib import Path
 
 import lightning as L
 import torch
 import transformers
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
@@ -18,23 +20,45 @@ from omegaconf import DictConfig
 from gatedprune.export import export_gated
 from gatedprune.module import GatedSeq2Seq
 from gatedprune.sweep import budget_objective
-from gatedprune.utils import atomic_write_text, format_table
+from gatedprune.utils import atomic_write_text, format_table, load_gated_checkpoint_file
+
+
+BAD_INPUT = (ValueError, FileNotFoundError)  # what setup raises for bad configs and data: one line for the user
+
+
+def _instantiate(node, **kwargs):
+    """``hydra.utils.instantiate``, with bad input raised as the target raised it (Hydra wraps it otherwise)."""
+    try:
+        return instantiate(node, _convert_="all", **kwargs)
+    except InstantiationException as err:
+        if isinstance(err.__cause__, BAD_INPUT):
+            raise err.__cause__ from None
+        raise
 
 
 def train(cfg: DictConfig) -> dict:
     """Run ``cfg`` to the end; returns the metrics that are also written to ``<output_dir>/metrics.json``.
 
-    ``<output_dir>/status.json`` says "running", then "done", or "failed" with the error, for sweep summaries.
+    ``<output_dir>/status.json`` says "running", then "done", "interrupted" or "failed" with the error. Bad input
+    is refused during set-up, before training starts; a run directory made for this run is then removed.
     """
     run_dir = Path(cfg.paths.output_dir)
+    fresh = not (run_dir / "status.json").exists()
     _write_status(run_dir, status="running")
     try:
-        metrics = _train(cfg, run_dir)
+        try:
+            run = _setup(cfg, run_dir)
+        except BAD_INPUT:
+            if fresh:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+        metrics = _fit_and_report(cfg, run_dir, *run)
     except SIGTERMException:
         _write_status(run_dir, status="interrupted", error="SIGTERM; the last checkpoint was saved")
         raise SystemExit(128 + signal.SIGTERM) from None
     except BaseException as err:
-        _write_status(run_dir, status="failed", error=f"{type(err).__name__}: {err}".splitlines()[0])
+        if run_dir.exists():
+            _write_status(run_dir, status="failed", error=f"{type(err).__name__}: {err}".splitlines()[0])
         raise
     _write_status(run_dir, status="done")
     return metrics
@@ -44,30 +68,38 @@ def _write_status(run_dir: Path, **status) -> None:
     atomic_write_text(run_dir / "status.json", json.dumps(status) + "\n")
 
 
-def _train(cfg: DictConfig, run_dir: Path) -> dict:
+def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
     # validate the cheap parts first, so bad input fails before anything heavy runs
-    pruning = instantiate(cfg.pruning, _convert_="all")
-    optim = instantiate(cfg.optim, _convert_="all")
-    generation = instantiate(cfg.generation, _convert_="all")
+    pruning = _instantiate(cfg.pruning)
+    optim = _instantiate(cfg.optim)
+    generation = _instantiate(cfg.generation)
     L.seed_everything(cfg.seed, workers=True)
 
     checkpoint = resume_checkpoint(cfg.resume, run_dir)
     # a resumed run keeps the tokenizer its checkpoint was trained with
     resumed_tokenizer = {"tokenizer_path": str(checkpoint.parents[1] / "tokenizer")} if checkpoint else {}
-    datamodule = instantiate(cfg.data, _convert_="all", **resumed_tokenizer)
+    datamodule = _instantiate(cfg.data, **resumed_tokenizer)
     tokenizer = datamodule.prepare_tokenizer()
     tokenizer.save_pretrained(run_dir / "tokenizer")
-    model = instantiate(cfg.model, tokenizer=tokenizer, _convert_="all")
-    module = GatedSeq2Seq(model, tokenizer, pruning, optim, generation, output_dir=run_dir)
+    model = _instantiate(cfg.model, tokenizer=tokenizer)
+    module = GatedSeq2Seq(model, tokenizer, pruning, optim, generation, output_dir=run_dir, seed=cfg.seed)
+    datamodule.setup("fit")  # tokenises, and refuses a training set that length filtering emptied
 
     loggers = [instantiate(c) for c in cfg.logger.values()]
     callbacks = [instantiate(c) for c in cfg.callbacks.values()]
     trainer: L.Trainer = instantiate(cfg.trainer, logger=loggers, callbacks=callbacks)
+    return trainer, module, datamodule, checkpoint
+
+
+def _fit_and_report(
+    cfg: DictConfig, run_dir: Path, trainer: L.Trainer, module: GatedSeq2Seq, datamodule, checkpoint: Path | None
+) -> dict:
     if checkpoint:
         print(f"resuming from {checkpoint}")
     trainer.fit(module, datamodule=datamodule, ckpt_path=checkpoint)
     final = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
 
+    pruning, model, tokenizer = module.pruning, module.model, module.tokenizer
     metrics = {
         "bleu": final["val/bleu"],
         "chrf": final["val/chrf"],
@@ -77,10 +109,12 @@ def _train(cfg: DictConfig, run_dir: Path) -> dict:
         "expected_open": final["val/expected_open"],
         "l0_lambda": pruning.l0_lambda,
         "penalty_normalisation": pruning.penalty_normalisation,
+        "target_heads": module.budget.targets if module.budget is not None else None,
         "params": sum(p.numel() for p in model.parameters()),
         "checkpoint": str(run_dir / "checkpoints" / "last.ckpt"),
         "dense": module.dense_metrics,
         "steps": trainer.global_step,
+        "skipped_steps": module.skipped_steps,
         "plan": module.gates.plan(),
         "sacrebleu_signature": module.signature,
         "seed": cfg.seed,
@@ -98,12 +132,13 @@ def _train(cfg: DictConfig, run_dir: Path) -> dict:
     )
     atomic_write_text(run_dir / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     if cfg.export.enabled:
-        report = export_gated(
-            model, module.gates, cfg.export.out_dir, tokenizer, rule=cfg.export.rule, top_k=cfg.export.top_k,
-            sample_inputs=val_pairs,
-        )
+        # a head budget is met exactly by the top-k rule, per budget group
+        rule, top_k = ("top-k", metrics["target_heads"]) if module.budget is not None else (cfg.export.rule, cfg.export.top_k)
+        report = export_gated(model, module.gates, cfg.export.out_dir, tokenizer, rule=rule, top_k=top_k, sample_inputs=val_pairs)
         metrics["export"] = {
             "dir": str(cfg.export.out_dir),
+            "rule": report.get("rule", rule),
+            "heads_kept": report.get("heads_kept"),
             "params": report["params_after"],
             "verification": report["verification"],
         }
@@ -126,32 +161,39 @@ def resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
         raise ValueError(f"resume={resume!r}: no checkpoint at {checkpoint}; give a run directory or a .ckpt file")
     if not (checkpoint.parents[1] / "tokenizer").is_dir():
         raise ValueError(f"resume={resume!r}: {checkpoint} is not inside a run directory (no tokenizer/ beside it)")
+    load_gated_checkpoint_file(checkpoint)  # refuse a truncated file now, with its name
     return checkpoint
 
 
 def final_table(metrics: dict, heads_total: dict) -> str:
-    dense = metrics["dense"]
-    rows = [("validation BLEU", f"{metrics['bleu']:.2f}"), ("validation chrF", f"{metrics['chrf']:.2f}")]
-    if dense:
-        rows.append((f"dense phase (step {dense['step']}) BLEU / chrF", f"{dense['bleu']:.2f} / {dense['chrf']:.2f}"))
-    for kind, total in heads_total.items():
-        rows.append((f"heads alive: {kind}", f"{metrics['heads_alive'].get(kind, total)} / {total}"))
-    rows += [
-        ("expected open heads", f"{metrics['expected_open']:.1f}"),
-        ("parameters", f"{metrics['params']:,}"),
-        ("l0_lambda / normalisation", f"{metrics['l0_lambda']} / {metrics['penalty_normalisation']}"),
-        ("steps", str(metrics["steps"])),
-        ("checkpoint", metrics["checkpoint"]),
+    """Dense phase beside the gated result: BLEU, chrF, heads alive per kind, parameters; then where things are."""
+    dense, export = metrics["dense"], metrics.get("export")
+    columns = ([f"dense (step {dense['step']})"] if dense else []) + [f"gated (step {metrics['steps']})"]
+
+    def row(name: str, dense_value: str, final_value: str) -> tuple:
+        return (name, dense_value, final_value) if dense else (name, final_value)
+
+    rows = [
+        row("validation BLEU", f"{dense.get('bleu', 0):.2f}", f"{metrics['bleu']:.2f}"),
+        row("validation chrF", f"{dense.get('chrf', 0):.2f}", f"{metrics['chrf']:.2f}"),
     ]
-    if "export" in metrics:
-        export, check = metrics["export"], metrics["export"]["verification"]
-        rows[-3:-3] = [("parameters after pruning", f"{export['params']:,}")]
-        rows += [
-            ("pruned model", export["dir"]),
-            ("export check: max |logit diff|, greedy identical",
-             f"{check['max_abs_logit_diff']:.1e}, {check['greedy_identical']}"),
-        ]
-    return format_table(["", "final"], rows)
+    for kind, total in heads_total.items():
+        rows.append(row(f"heads alive: {kind}", f"{total} / {total}", f"{metrics['heads_alive'].get(kind, total)} / {total}"))
+    rows.append(row("parameters", f"{metrics['params']:,}", f"{export['params']:,}" if export else "(not exported)"))
+    table = format_table(["", *columns], rows)
+    notes = [
+        f"expected open heads {metrics['expected_open']:.1f}; l0_lambda {metrics['l0_lambda']} "
+        f"({metrics['penalty_normalisation']}); target heads {metrics['target_heads']}",
+        f"checkpoint: {metrics['checkpoint']}",
+        f"sacreBLEU: {metrics['sacrebleu_signature']['bleu']}",
+    ]
+    if export:
+        check = export["verification"]
+        notes.append(
+            f"pruned model: {export['dir']} (max |logit diff| vs gated {check['max_abs_logit_diff']:.1e}, "
+            f"greedy identical: {check['greedy_identical']})"
+        )
+    return table + "\n" + "\n".join(notes)
 
 
 def set_offline_defaults() -> None:

@@ -154,3 +154,41 @@ def test_log_alpha_is_clamped_after_each_step(tmp_path):
         module.gates.gates[0].log_alpha.fill_(1e6)
     module.on_train_batch_end(None, None, 0)
     assert module.gates.gates[0].log_alpha.max().item() == 10.0
+
+
+def test_bf16_autocast_keeps_gates_and_penalty_in_float32(model_of):
+    from gatedprune import attach_gates, attention_sites
+
+    model = model_of("bart").train()
+    gates = attach_gates(model, init_log_alpha=0.5)
+    try:
+        batch = {"input_ids": torch.randint(3, 90, (2, 6)), "labels": torch.randint(3, 90, (2, 4))}
+        head_outputs = []  # what the gates multiply: the concatenated heads entering the output projection
+        site = attention_sites(model)[0]
+        handle = site.projection("o").register_forward_pre_hook(lambda m, args: head_outputs.append(args[0].dtype))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(**batch).logits
+            penalty = gates.penalty("layer_mean")
+        handle.remove()
+        assert head_outputs == [torch.bfloat16]  # the model ran in bf16 ...
+        assert penalty.dtype == torch.float32  # ... the penalty did not
+        (logits.float().square().mean() + penalty).backward()
+        for gate in gates.gates:
+            assert gate.log_alpha.dtype == torch.float32 and gate.log_alpha.grad.dtype == torch.float32
+            assert torch.isfinite(gate.log_alpha.grad).all()
+    finally:
+        gates.remove()
+
+
+def test_bf16_mixed_run_keeps_float32_gates(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from gatedprune.train import train
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=[f"paths.output_dir={tmp_path}", "experiment=smoke",
+                                          "trainer.precision=bf16-mixed", "export.enabled=false"])
+    metrics = train(cfg)
+    assert metrics["steps"] == 30 and metrics["skipped_steps"] == 0
+    state = torch.load(metrics["checkpoint"], map_location="cpu", weights_only=False)["state_dict"]
+    assert all(v.dtype == torch.float32 for k, v in state.items() if k.endswith("log_alpha"))

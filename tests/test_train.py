@@ -122,9 +122,21 @@ def test_missing_language_columns_are_named(tmp_path):
         (tmp_path / f"{split}.jsonl").write_text(rows)
     proc, run_dir = _run_cli(
         tmp_path, "data=files", f"data.files.train={tmp_path}/train.jsonl",
-        f"data.files.validation={tmp_path}/validation.jsonl", "~data.files.test",
+        f"data.files.validation={tmp_path}/validation.jsonl",
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and "no column 'en'" in proc.stderr
     assert "['english', 'french']" in proc.stderr and "Traceback" not in proc.stderr
     assert not run_dir.exists()
+
+
+def test_wandb_logger_works_offline_with_metrics_and_heatmaps(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = _compose(tmp_path, ["experiment=smoke", "logger=wandb", "export.enabled=false", "trainer.max_steps=20"])
+    train(cfg)
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+    media = list(runs[0].rglob("gates/heatmap*.png"))
+    assert media, sorted(str(p.relative_to(runs[0])) for p in runs[0].rglob("*"))[:20]
+    assert (tmp_path / "csv" / "metrics.csv").is_file()  # CSV always

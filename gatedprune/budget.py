@@ -1,0 +1,80 @@
+"""An exact head budget: a Lagrangian controller on the expected number of open heads.
+
+In the style of Wang et al. 2020 and CoFiPruning (Xia et al. 2022): for each budget group (all gated heads, or
+one attention kind) with s = expected fraction of its heads open and t = target fraction,
+
+    penalty = lambda1 * (s - t) + lambda2 * (s - t) ** 2
+
+where lambda1 and lambda2 start at 0 and are trained by gradient ascent (their gradients are negated), so the
+pressure grows for as long as s misses t. The target ramps linearly from "all heads open" to its final value
+over ``warmup_steps`` gated steps. At export, the top-k rule keeps exactly the target number of heads.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gatedprune.adapters import ATTENTION_KINDS
+from gatedprune.gating import HeadGates
+
+TargetSpec = int | float | dict
+
+
+def resolve_targets(target_heads: TargetSpec, gates: HeadGates) -> dict[str, int]:
+    """``{group: heads to keep}``: a count, a fraction of the gated heads, or a dict of either per attention kind.
+
+    Groups are "total", or attention kinds when ``target_heads`` is a dict.
+    """
+    heads = {kind: sum(g.num_heads for g, k in zip(gates.gates, gates.kinds) if k == kind) for kind in set(gates.kinds)}
+    heads["total"] = gates.num_heads
+    spec = dict(target_heads) if isinstance(target_heads, dict) else {"total": target_heads}
+    targets = {}
+    for group, value in spec.items():
+        if group not in heads:
+            allowed = ", ".join(k for k in ATTENTION_KINDS if k in heads)
+            raise ValueError(f"pruning.target_heads names {group!r}, which is not gated; allowed: {allowed}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"pruning.target_heads[{group}]={value!r}; allowed: a head count or a fraction in (0, 1)")
+        count = round(value * heads[group]) if isinstance(value, float) and 0 < value < 1 else value
+        if count != int(count) or not 0 <= count <= heads[group]:
+            raise ValueError(
+                f"pruning.target_heads={value!r} for {group}: allowed a count from 0 to the {heads[group]} gated "
+                f"heads there, or a fraction in (0, 1)"
+            )
+        targets[group] = int(count)
+    return targets
+
+
+class HeadBudget(nn.Module):
+    """Drives the expected number of open heads of each group to its target."""
+
+    def __init__(self, gates: HeadGates, targets: dict[str, int], warmup_steps: int):
+        super().__init__()
+        self.gates = [gates]  # a list, so the gates are not registered (and saved) twice
+        self.targets = targets
+        self.groups = list(targets)
+        self.sites = [[i for i, k in enumerate(gates.kinds) if g in ("total", k)] for g in self.groups]
+        self.heads = [sum(gates.gates[i].num_heads for i in sites) for sites in self.sites]
+        self.warmup_steps = warmup_steps
+        self.lambda1 = nn.Parameter(torch.zeros(len(self.groups)))
+        self.lambda2 = nn.Parameter(torch.zeros(len(self.groups)))
+        for multiplier in (self.lambda1, self.lambda2):
+            multiplier.register_hook(torch.neg)  # gradient ascent under any minimising optimiser
+
+    def target_fraction(self, gated_step: int) -> torch.Tensor:
+        """t per group after ``gated_step`` gated steps: 1 (all open) ramping linearly to the final fraction.  # (G,)"""
+        final = torch.tensor([self.targets[g] / n for g, n in zip(self.groups, self.heads)])
+        ramp = min(1.0, gated_step / self.warmup_steps) if self.warmup_steps > 0 else 1.0
+        return 1.0 - ramp * (1.0 - final)
+
+    def expected_fraction(self) -> torch.Tensor:
+        """s per group: the expected fraction of its heads open (differentiable).  # (G,)"""
+        gates = self.gates[0].gates
+        return torch.stack(
+            [torch.stack([gates[i].p_open().sum() for i in sites]).sum() / n for sites, n in zip(self.sites, self.heads)]
+        )
+
+    def forward(self, gated_step: int) -> torch.Tensor:
+        gap = self.expected_fraction() - self.target_fraction(gated_step).to(self.lambda1.device)  # (G,)
+        return (self.lambda1 * gap + self.lambda2 * gap**2).sum()

@@ -1,0 +1,122 @@
+"""Each kind of bad input: one line naming the value and what is allowed, exit code 2, nothing left on disk."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from families import tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(tmp_path, *overrides):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+    env.pop("GATEDPRUNE_DEBUG", None)
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "experiment=smoke", f"hydra.run.dir={run_dir}", *overrides],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+    )
+    return proc, run_dir
+
+
+def _assert_refused(proc, run_dir, *fragments):
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+    assert "Traceback" not in proc.stderr
+    assert not run_dir.exists(), sorted(p.name for p in run_dir.iterdir())
+
+
+@pytest.mark.parametrize(
+    "override, fragments",
+    [
+        ("pruning.stretch=[0.1,1.1]", ["gamma < 0 < 1 < zeta, got (0.1, 1.1)"]),
+        ("pruning.stretch=[-0.1,0.9]", ["got (-0.1, 0.9)"]),
+        ("pruning.penalty_normalisation=mean", ["penalty_normalisation='mean'", "layer_mean, sum, head_mean"]),
+        ("pruning.target_heads=100", ["target_heads=100 for total: allowed a count from 0 to the 24"]),
+        ("data.max_length=2", ["longer than max_length=2"]),
+        ("data.bible_tgt=zz", ["unknown bible translation code 'zz'"]),
+        ("optim.lr=0", ["optim.lr=0", "allowed: a number > 0"]),
+        ("resume=/no/such/run", ["resume='/no/such/run': no checkpoint at"]),
+    ],
+)
+def test_bad_config_values(tmp_path, override, fragments):
+    _assert_refused(*_run(tmp_path, override), *fragments)
+
+
+def test_unknown_split_of_a_local_dataset(tmp_path):
+    import datasets
+
+    rows = {"en": ["a b", "c d"], "fr": ["e f", "g h"]}
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows), "dev": datasets.Dataset.from_dict(rows)}).save_to_disk(
+        tmp_path / "ds"
+    )
+    proc, run_dir = _run(tmp_path, "data=hf", f"data.hf_name={tmp_path / 'ds'}")
+    _assert_refused(proc, run_dir, "'validation'", "dev")
+
+
+def test_unsupported_model_class(tmp_path):
+    model_dir = tmp_path / "gpt2"
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=500)).save_pretrained(model_dir)
+    tokenizer_dir = tmp_path / "tok"
+    _trained_tokenizer(tmp_path).save_pretrained(tokenizer_dir)
+    proc, run_dir = _run(tmp_path, "model=pretrained", f"model.name_or_path={model_dir}",
+                         f"data.tokenizer_path={tokenizer_dir}")
+    _assert_refused(proc, run_dir, "'gpt2' model; supported model types: bart, ")
+
+
+def test_tokenizer_larger_than_the_model_vocabulary(tmp_path):
+    model = tiny_model("marian", tmp_path)  # vocabulary of 99
+    _trained_tokenizer(tmp_path).save_pretrained(tmp_path / "marian")  # 400 tokens, beside the model
+    proc, run_dir = _run(tmp_path, "model=pretrained", f"model.name_or_path={tmp_path / 'marian'}")
+    assert model.config.vocab_size == 99
+    _assert_refused(proc, run_dir, "tokenizer has 400 tokens but model", "vocabulary of 99")
+
+
+def _trained_tokenizer(tmp_path):
+    from gatedprune.data import load_bible_pairs, train_unigram_tokenizer
+
+    texts = [t for pair in load_bible_pairs()[:400] for t in pair]
+    return train_unigram_tokenizer(texts, 400)
+
+
+def test_exporter_refuses_corrupt_and_gateless_checkpoints(tmp_path):
+    from gatedprune.export import main
+
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(b"PK\x03\x04 not a whole checkpoint")
+    assert main([str(truncated), str(tmp_path / "out1")]) == 1
+    assert not (tmp_path / "out1").exists()
+
+    gateless = tmp_path / "gateless.ckpt"
+    torch.save({"state_dict": {"model.w": torch.zeros(1)}, "hf_config": {"model_type": "bart"}}, gateless)
+    assert main([str(gateless), str(tmp_path / "out2")]) == 1
+    assert not (tmp_path / "out2").exists()
+
+
+def test_exporter_errors_are_one_line(tmp_path):
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(b"garbage")
+    proc = subprocess.run([sys.executable, "-m", "gatedprune.export", str(truncated), str(tmp_path / "out")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 1
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("gatedprune-export: ")]
+    assert len(lines) == 1 and "truncated.ckpt" in lines[0] and "not a readable checkpoint" in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_resume_from_a_truncated_checkpoint_is_refused(tmp_path):
+    run = tmp_path / "old"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "tokenizer").mkdir()
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"garbage")
+    proc, run_dir = _run(tmp_path, f"resume={run}")
+    _assert_refused(proc, run_dir, "is not a readable checkpoint")
