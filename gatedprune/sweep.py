@@ -28,7 +28,8 @@ from omegaconf import OmegaConf  # noqa: E402
 from gatedprune.utils import atomic_write_text  # noqa: E402
 
 KINDS = ("encoder", "decoder", "cross")
-STATUSES = ("done", "failed", "running", "unknown")  # what status.json says, and "unknown" when neither file is there
+# what status.json says (train.py writes running, done, interrupted or failed), "unknown" when neither file is there
+STATUSES = ("done", "failed", "interrupted", "running", "unknown")
 COLUMNS = [
     "run", "method", "lambda", "heads_encoder", "heads_decoder", "heads_cross", "heads_alive", "heads_total",
     "bleu", "chrf", "dense_bleu", "params", "status", "error",
@@ -69,7 +70,7 @@ def read_run(run_dir: Path, root: Path) -> dict:
         return {**row, "method": "gated", "status": "failed", "error": f"unreadable: {err}"}
 
     status = state.get("status") or ("done" if metrics is not None else "unknown")
-    if status == "failed":
+    if status in ("failed", "interrupted"):
         row["error"] = state.get("error", "")
     elif status == "done" and metrics is None:
         status, row["error"] = "failed", "status.json says done but metrics.json is missing"

@@ -1,5 +1,6 @@
 """Each kind of bad input: one line naming the value and what is allowed, exit code 2, nothing left on disk."""
 
+import json
 import os
 import subprocess
 import sys
@@ -35,9 +36,25 @@ def _assert_refused(proc, run_dir, *fragments):
     assert not run_dir.exists(), sorted(p.name for p in run_dir.iterdir())
 
 
+def test_missing_language_columns_are_named(tmp_path):
+    rows = "".join(json.dumps({"english": f"a{i}", "french": f"b{i}"}) + "\n" for i in range(5))
+    for split in ("train", "validation"):
+        (tmp_path / f"{split}.jsonl").write_text(rows)
+    proc, run_dir = _run(
+        tmp_path, "data=files", f"data.files.train={tmp_path}/train.jsonl",
+        f"data.files.validation={tmp_path}/validation.jsonl",
+    )
+    _assert_refused(proc, run_dir, "no column 'en'", "['english', 'french']")
+
+
 @pytest.mark.parametrize(
     "override, fragments",
     [
+        ("pruning.l0_lambda=-0.1", ["pruning.l0_lambda=-0.1 is negative; allowed: a number >= 0"]),
+        ("pruning.kinds=[encoder,self]", ["unknown attention kind(s) ['self']; allowed: encoder, decoder, cross"]),
+        ("pruning.temperature=0", ["gate temperature must be > 0, got 0"]),
+        ("data.source=web", ["unknown data source 'web'; allowed:"]),
+        ("model.name_or_path=./no/such/model", ["no tokenizer at './no/such/model' (data.tokenizer_path, by default"]),
         ("pruning.stretch=[0.1,1.1]", ["gamma < 0 < 1 < zeta, got (0.1, 1.1)"]),
         ("pruning.stretch=[-0.1,0.9]", ["got (-0.1, 0.9)"]),
         ("pruning.penalty_normalisation=mean", ["penalty_normalisation='mean'", "layer_mean, sum, head_mean"]),

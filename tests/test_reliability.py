@@ -56,11 +56,22 @@ def _wait_for_checkpoint(proc: subprocess.Popen, checkpoint: Path, min_step: int
 
 
 @pytest.fixture(scope="module")
-def reference_run(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("reference") / "run"
-    run_dir.parent.mkdir(exist_ok=True)
-    _finish(_start(run_dir))
-    return run_dir
+def reference_runs(tmp_path_factory):
+    """``reference(start_step)``: the uninterrupted smoke run with that dense phase (each run once)."""
+    runs = {}
+
+    def get(start_step: int) -> Path:
+        if start_step not in runs:
+            runs[start_step] = tmp_path_factory.mktemp(f"reference{start_step}") / "run"
+            _finish(_start(runs[start_step], f"pruning.start_step={start_step}"))
+        return runs[start_step]
+
+    return get
+
+
+@pytest.fixture
+def reference_run(reference_runs) -> Path:
+    return reference_runs(10)
 
 
 def test_same_seed_same_gates_and_plan(reference_run, tmp_path):
@@ -75,11 +86,13 @@ def test_same_seed_same_gates_and_plan(reference_run, tmp_path):
     assert trajectory[0] == trajectory[1]
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
-def test_killed_run_resumes_to_the_uninterrupted_result(reference_run, tmp_path, how):
+# SIGKILL in the dense phase (gating starts at step 25, after the resume), SIGTERM in the gated phase
+@pytest.mark.parametrize("how, start_step", [(signal.SIGKILL, 25), (signal.SIGTERM, 10)])
+def test_killed_run_resumes_to_the_uninterrupted_result(reference_runs, tmp_path, how, start_step):
+    reference_run = reference_runs(start_step)
     run_dir = tmp_path / "run"
     checkpoint = run_dir / "checkpoints" / "last.ckpt"
-    proc = _start(run_dir)
+    proc = _start(run_dir, f"pruning.start_step={start_step}")
     _wait_for_checkpoint(proc, checkpoint, min_step=20)
     proc.send_signal(how)
     out, _ = proc.communicate(timeout=120)
@@ -93,7 +106,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(reference_run, tmp_path,
     stopped_at, saved_log_alpha = _step(checkpoint), _log_alpha(checkpoint)
     assert 20 <= stopped_at < 40
 
-    out = _finish(_start(run_dir))  # same run dir: resume=auto continues from its last checkpoint
+    out = _finish(_start(run_dir, f"pruning.start_step={start_step}"))  # same run dir: resume=auto continues
     assert f"resuming from {checkpoint}" in out
     assert f"resumed at step {stopped_at}: gates restored (sum of log_alpha {saved_log_alpha.sum().item():.6f}" in out
     metrics = json.loads((run_dir / "metrics.json").read_text())
@@ -101,6 +114,25 @@ def test_killed_run_resumes_to_the_uninterrupted_result(reference_run, tmp_path,
     # same data order, gate noise and dropout as the run that was never interrupted
     assert torch.allclose(_log_alpha(checkpoint), _log_alpha(reference_run / "checkpoints/last.ckpt"), atol=1e-6)
     assert metrics["plan"] == json.loads((reference_run / "metrics.json").read_text())["plan"]
+    # gating began where it was meant to (the equal weights above say so too)
+    penalties = [line.split(",") for line in (run_dir / "csv" / "metrics.csv").read_text().splitlines()]
+    column = penalties[0].index("train/penalty")
+    first_gated = min(int(row[penalties[0].index("step")]) for row in penalties[1:] if row[column])
+    # (the resumed run's CSV starts at the resume; the penalty is logged every 5 steps)
+    assert start_step <= first_gated <= max(start_step, stopped_at) + 5
+    assert metrics["dense"]["step"] <= start_step
+
+
+def test_atomic_write_never_leaves_half_a_file(tmp_path, monkeypatch):
+    from gatedprune import utils
+
+    target = tmp_path / "metrics.json"
+    utils.atomic_write_text(target, "old")
+    monkeypatch.setattr(utils.os, "fsync", lambda fd: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        utils.atomic_write_text(target, "new and longer")
+    assert target.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json"]
 
 
 def test_resume_from_another_run_dir_and_bad_resume_paths(reference_run, tmp_path):
