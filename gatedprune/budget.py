@@ -26,8 +26,7 @@ def resolve_targets(target_heads: TargetSpec, gates: HeadGates) -> dict[str, int
 
     Groups are "total", or attention kinds when ``target_heads`` is a dict.
     """
-    heads = {kind: sum(g.num_heads for g, k in zip(gates.gates, gates.kinds) if k == kind) for kind in set(gates.kinds)}
-    heads["total"] = gates.num_heads
+    heads = gates.heads_per_kind()
     spec = dict(target_heads) if isinstance(target_heads, dict) else {"total": target_heads}
     targets = {}
     for group, value in spec.items():

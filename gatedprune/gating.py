@@ -94,6 +94,13 @@ class HeadGates(nn.Module):
         """``{attention module path: sorted kept head indices}`` under the binary rule (log_alpha > 0)."""
         return {path: self.kept(i) for i, path in enumerate(self.paths)}
 
+    def heads_per_kind(self) -> dict[str, int]:
+        """All gated heads, per kind and in total."""
+        heads = Counter()
+        for gate, kind in zip(self.gates, self.kinds):
+            heads[kind] += gate.num_heads
+        return {"total": self.num_heads, **{k: heads[k] for k in ATTENTION_KINDS if k in heads}}
+
     def heads_alive(self) -> dict[str, int]:
         """Binary-rule open heads per kind, and in total; kinds that are not gated count all their heads."""
         alive = Counter()

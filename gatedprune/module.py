@@ -285,10 +285,7 @@ class GatedSeq2Seq(L.LightningModule):
 
     def heads_total(self) -> dict[str, int]:
         """Every gated head counted as alive (the dense phase)."""
-        total = {k: 0 for k in self.pruning.kinds}
-        for gate, kind in zip(self.gates.gates, self.gates.kinds):
-            total[kind] += gate.num_heads
-        return {"total": sum(total.values()), **total}
+        return self.gates.heads_per_kind()
 
     # ---- checkpoints describe themselves, so the exporter needs nothing else --------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
