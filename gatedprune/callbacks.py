@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import lightning as L
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 
@@ -22,3 +23,22 @@ class CheckpointOnSigterm(L.Callback):
         if isinstance(exception, SIGTERMException):
             trainer.save_checkpoint(self.dirpath / "last.ckpt")
             print(f"SIGTERM: saved {self.dirpath / 'last.ckpt'} at step {trainer.global_step}; resume with resume=auto")
+
+
+class DenseCheckpoint(L.Callback):
+    """Save ``<dirpath>/dense.ckpt`` after the last validation of the dense phase (at ``pruning.start_step``).
+
+    Every gated run with a dense phase leaves one, and other runs can start there (``resume=<it>``) with their
+    own pruning settings: the dense phase does not depend on them and resume is exact, so such a run ends where
+    a run from scratch with its settings would. A lambda sweep then trains the dense model once.
+    """
+
+    def __init__(self, dirpath: str | Path):
+        self.dirpath = Path(dirpath)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        start_step = pl_module.pruning.start_step
+        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING or start_step == 0 or trainer.global_step != start_step:
+            return
+        trainer.save_checkpoint(self.dirpath / "dense.ckpt")
+        print(f"end of the dense phase: saved {self.dirpath / 'dense.ckpt'}; fork gated runs from it with resume=<it>")

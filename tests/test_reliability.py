@@ -123,6 +123,23 @@ def test_killed_run_resumes_to_the_uninterrupted_result(reference_runs, tmp_path
     assert metrics["dense"]["step"] <= start_step
 
 
+def test_gated_run_forked_from_a_dense_checkpoint_ends_where_a_run_from_scratch_does(reference_run, tmp_path):
+    # the reference (l0_lambda 0.5) left dense.ckpt at step 10; a fork with another lambda trains only the gated
+    # steps and must match a run that trained everything with that lambda
+    dense = reference_run / "checkpoints" / "dense.ckpt"
+    assert _step(dense) == 10
+    fork, scratch = tmp_path / "fork", tmp_path / "scratch"
+    out = _finish(_start(fork, "pruning.l0_lambda=0.05", f"resume={dense}"))
+    _finish(_start(scratch, "pruning.l0_lambda=0.05"))
+    assert "resumed at step 10" in out and not (fork / "gates" / "step_0000010.png").exists()  # no dense re-run
+    ours, theirs = (json.loads((d / "metrics.json").read_text()) for d in (fork, scratch))
+    assert ours["l0_lambda"] == 0.05 and ours["dense"] == theirs["dense"] and ours["dense"]["step"] == 10
+    assert ours["plan"] == theirs["plan"] and ours["bleu"] == theirs["bleu"]
+    assert torch.equal(_log_alpha(fork / "checkpoints/last.ckpt"), _log_alpha(scratch / "checkpoints/last.ckpt"))
+    # and the lambda mattered: the reference's gates went elsewhere
+    assert not torch.equal(_log_alpha(fork / "checkpoints/last.ckpt"), _log_alpha(reference_run / "checkpoints/last.ckpt"))
+
+
 def test_atomic_write_never_leaves_half_a_file(tmp_path, monkeypatch):
     from gatedprune import utils
 
