@@ -13,7 +13,7 @@ from gatedprune.train import set_offline_defaults, train
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
-def main(cfg: DictConfig) -> float:
+def main(cfg: DictConfig) -> float | None:
     try:
         metrics = train(cfg)
     except (ValueError, FileNotFoundError, FloatingPointError) as err:  # bad input, or a run that diverged
@@ -21,7 +21,7 @@ def main(cfg: DictConfig) -> float:
             raise
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    return float(metrics[cfg.optimized_metric])
+    return float(metrics[cfg.optimized_metric]) if metrics else None  # DDP processes other than rank 0 report nothing
 
 
 if __name__ == "__main__":

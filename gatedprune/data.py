@@ -203,21 +203,27 @@ class EpochShuffle(Sampler[int]):
 
     Lightning calls ``set_epoch`` on ``dataloader.batch_sampler.sampler`` at the start of every epoch. ``skip``
     drops the first batches of the next pass only: those a resumed run already trained on before it stopped.
+    With ``world_size`` > 1 (DDP) process ``rank`` takes every world_size-th item of the permutation, after
+    dropping the last n % world_size so that every process takes the same number of steps.
     """
 
-    def __init__(self, n: int, seed: int, epoch: int = 0, skip: int = 0) -> None:
+    def __init__(self, n: int, seed: int, epoch: int = 0, skip: int = 0, rank: int = 0, world_size: int = 1) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} with world_size={world_size}; allowed: 0 <= rank < world_size")
         self.n, self.seed, self.epoch, self.skip = n, seed, epoch, skip
+        self.rank, self.world_size = rank, world_size
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
         order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n).tolist()
+        order = order[self.rank : len(self) * self.world_size : self.world_size]
         skip, self.skip = self.skip, 0
         return iter(order[skip:])
 
     def __len__(self) -> int:
-        return self.n
+        return self.n // self.world_size
 
 
 class FixedBatches(Sampler[list[int]]):
@@ -230,7 +236,7 @@ class FixedBatches(Sampler[list[int]]):
         return (self.batches[b] for b in self.sampler)
 
     def __len__(self) -> int:
-        return len(self.batches)
+        return len(self.sampler)
 
 
 class TokenizedPairs(Dataset):
@@ -405,7 +411,16 @@ class TranslationDataModule(lightning.LightningDataModule):
     def _loader(self, split: str) -> DataLoader:
         batches = self.batches[split]
         is_train = split == "train"
-        batch_order = EpochShuffle(len(batches), self.seed, *self._resume_at) if is_train else range(len(batches))
+        # under DDP each process reads its own share: training batches by EpochShuffle, evaluation pairs
+        # round-robin (every process gets some as long as there are as many pairs as processes)
+        rank, world_size = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        if is_train:
+            batch_order = EpochShuffle(len(batches), self.seed, *self._resume_at, rank=rank, world_size=world_size)
+        else:
+            if world_size > 1:
+                ours = [i for batch in batches for i in batch][rank::world_size]
+                batches = [ours[i : i + self.eval_batch_size] for i in range(0, len(ours), self.eval_batch_size)]
+            batch_order = range(len(batches))
         return DataLoader(
             self.datasets[split],
             batch_sampler=FixedBatches(batches, batch_order),

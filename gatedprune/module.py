@@ -181,9 +181,10 @@ class GatedSeq2Seq(L.LightningModule):
         return loss
 
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
-        # gate noise and dropout of step k depend on (seed, k) alone, so a resumed run draws what an
-        # uninterrupted one would have, whatever else consumed random numbers in between
-        torch.manual_seed(self.seed * 1_000_003 + self.global_step)
+        # gate noise and dropout of step k depend on (seed, k, DDP rank) alone, so a resumed run draws what an
+        # uninterrupted one would have, whatever else consumed random numbers in between; DDP processes draw
+        # different gate samples, and their averaged gradients keep log_alpha identical across them
+        torch.manual_seed(self.seed * 1_000_003 + self.global_step + self.global_rank * 2**40)
 
     def on_train_start(self) -> None:
         if self.trainer.ckpt_path:
@@ -236,7 +237,7 @@ class GatedSeq2Seq(L.LightningModule):
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self.gates.set_mode(self._eval_gate_mode())
         ntokens = int((batch["labels"] != -100).sum())
-        self.log("val/loss", self._cross_entropy(batch, 0.0), batch_size=ntokens, prog_bar=True)
+        self.log("val/loss", self._cross_entropy(batch, 0.0), batch_size=ntokens, prog_bar=True, sync_dist=True)
         self._val_hyps += self.translate(batch["input_ids"], batch["attention_mask"])
         self._val_refs += list(batch["tgt_texts"])
 
@@ -253,6 +254,10 @@ class GatedSeq2Seq(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         hyps, refs = self._val_hyps, self._val_refs
         self._val_hyps, self._val_refs = [], []
+        if self.trainer.world_size > 1:  # DDP: every process scores the whole validation set
+            shares = [None] * self.trainer.world_size
+            torch.distributed.all_gather_object(shares, (hyps, refs))
+            hyps, refs = [h for share, _ in shares for h in share], [r for _, share in shares for r in share]
         if not hyps:
             return
         bleu = sacrebleu.BLEU()

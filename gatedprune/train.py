@@ -12,9 +12,12 @@ from pathlib import Path
 import lightning as L
 import torch
 import transformers
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 
 from gatedprune.export import export_gated
@@ -37,12 +40,15 @@ def _instantiate(node, **kwargs):
 
 
 def train(cfg: DictConfig) -> dict:
-    """Run ``cfg`` to the end; returns the metrics that are also written to ``<output_dir>/metrics.json``.
+    """Run ``cfg`` to the end; returns the metrics that are also written to ``<output_dir>/metrics.json``
+    (under DDP, rank 0 does: the other processes only train, and return {}).
 
     ``<output_dir>/status.json`` says "running", then "done", "interrupted" or "failed" with the error. Bad input
     is refused during set-up, before training starts; a run directory made for this run is then removed.
     """
     run_dir = Path(cfg.paths.output_dir)
+    if rank_zero_only.rank > 0:  # a DDP process started by rank 0's trainer.fit: it trains, rank 0 reports
+        return _fit_and_report(cfg, run_dir, *_setup(cfg, run_dir))
     fresh = not (run_dir / "status.json").exists()
     _write_status(run_dir, status="running")
     try:
@@ -68,19 +74,39 @@ def _write_status(run_dir: Path, **status) -> None:
     atomic_write_text(run_dir / "status.json", json.dumps(status) + "\n")
 
 
+def _check_ddp_launch(cfg: DictConfig) -> None:
+    """Lightning starts the other DDP processes by running the command line again: under ``-m`` with Hydra's
+    local launcher each of them would run the whole sweep."""
+    strategy = cfg.trainer.get("strategy")
+    name = strategy.get("_target_") if isinstance(strategy, DictConfig) else strategy
+    if "ddp" not in str(name).lower() or not HydraConfig.initialized():
+        return
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN and hydra_cfg.launcher._target_.endswith("BasicLauncher"):
+        raise ValueError(
+            f"trainer.strategy={name} with -m: each DDP process would re-run the whole sweep; "
+            "allowed: DDP in single runs (one command per value)"
+        )
+
+
 def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
     # validate the cheap parts first, so bad input fails before anything heavy runs
+    _check_ddp_launch(cfg)
     pruning = _instantiate(cfg.pruning)
     optim = _instantiate(cfg.optim)
     generation = _instantiate(cfg.generation)
     L.seed_everything(cfg.seed, workers=True)
 
     checkpoint = resume_checkpoint(cfg.resume, run_dir)
-    # a resumed run keeps the tokenizer its checkpoint was trained with
-    resumed_tokenizer = {"tokenizer_path": str(checkpoint.parents[1] / "tokenizer")} if checkpoint else {}
-    datamodule = _instantiate(cfg.data, **resumed_tokenizer)
+    # a resumed run keeps the tokenizer its checkpoint was trained with; other DDP processes take rank 0's,
+    # which it saved before it started them
+    tokenizer_dir = checkpoint.parents[1] / "tokenizer" if checkpoint else None
+    if rank_zero_only.rank > 0:
+        tokenizer_dir = run_dir / "tokenizer"
+    datamodule = _instantiate(cfg.data, **({"tokenizer_path": str(tokenizer_dir)} if tokenizer_dir else {}))
     tokenizer = datamodule.prepare_tokenizer()
-    tokenizer.save_pretrained(run_dir / "tokenizer")
+    if rank_zero_only.rank == 0:
+        tokenizer.save_pretrained(run_dir / "tokenizer")
     model = _instantiate(cfg.model, tokenizer=tokenizer)
     module = GatedSeq2Seq(model, tokenizer, pruning, optim, generation, output_dir=run_dir, seed=cfg.seed)
     datamodule.setup("fit")  # tokenises, and refuses a training set that length filtering emptied
@@ -98,6 +124,8 @@ def _fit_and_report(
         print(f"resuming from {checkpoint}")
     trainer.fit(module, datamodule=datamodule, ckpt_path=checkpoint)
     final = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
+    if not trainer.is_global_zero:
+        return {}
 
     pruning, model, tokenizer = module.pruning, module.model, module.tokenizer
     metrics = {

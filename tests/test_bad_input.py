@@ -15,12 +15,12 @@ from families import tiny_model
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(tmp_path, *overrides):
+def _run(tmp_path, *overrides, flags=()):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
     env.pop("GATEDPRUNE_DEBUG", None)
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "experiment=smoke", f"hydra.run.dir={run_dir}", *overrides],
+        [sys.executable, str(ROOT / "train.py"), *flags, "experiment=smoke", f"hydra.run.dir={run_dir}", *overrides],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
     )
     return proc, run_dir
@@ -67,6 +67,12 @@ def test_missing_language_columns_are_named(tmp_path):
 )
 def test_bad_config_values(tmp_path, override, fragments):
     _assert_refused(*_run(tmp_path, override), *fragments)
+
+
+def test_ddp_in_a_local_multirun_is_refused(tmp_path):
+    # Lightning starts DDP processes by re-running the command line: under -m each would re-run the sweep
+    proc, _ = _run(tmp_path, "trainer=ddp_cpu", f"hydra.sweep.dir={tmp_path / 'sweep'}", flags=["-m"])
+    _assert_refused(proc, tmp_path / "sweep" / "0", "trainer.strategy=lightning.pytorch.strategies.DDPStrategy with -m")
 
 
 def test_unknown_split_of_a_local_dataset(tmp_path):

@@ -145,6 +145,17 @@ def test_batch_order_depends_on_seed_and_epoch_only(bible_dm):
     assert list(EpochShuffle(50, seed=1)) != list(EpochShuffle(50, seed=2))
 
 
+def test_epoch_shuffle_shards_one_permutation_across_ddp_ranks():
+    whole = list(EpochShuffle(11, seed=3, epoch=2))
+    shards = [list(EpochShuffle(11, seed=3, epoch=2, rank=r, world_size=3)) for r in range(3)]
+    assert [len(s) for s in shards] == [3, 3, 3]  # 11 // 3 each: every process takes the same number of steps
+    assert [whole[i] for i in range(9)] == [shards[i % 3][i // 3] for i in range(9)]  # round-robin, last 2 dropped
+    resumed = EpochShuffle(11, seed=3, epoch=2, skip=2, rank=1, world_size=3)  # skip counts this rank's batches
+    assert list(resumed) == shards[1][2:] and list(resumed) == shards[1]
+    with pytest.raises(ValueError, match="rank=3 with world_size=3"):
+        EpochShuffle(11, seed=3, rank=3, world_size=3)
+
+
 class _RecordFirstIds(lightning.LightningModule):
     def __init__(self):
         super().__init__()

@@ -7,6 +7,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from lightning.pytorch.strategies import DDPStrategy
 
 from gatedprune.train import train
 
@@ -28,6 +29,11 @@ def test_every_option_of_every_group_composes_and_its_cheap_parts_instantiate(tm
         _compose(tmp_path, [f"experiment={option}"])
     cfg = _compose(tmp_path, ["logger=wandb", "trainer=gpu", "data=files", "model=pretrained"])
     assert set(cfg.logger) == {"csv", "wandb"} and cfg.data.source == "files"
+    for option in sorted(p.stem for p in (CONF / "trainer").glob("*.yaml")):
+        assert _compose(tmp_path, [f"trainer={option}"]).trainer.use_distributed_sampler is False  # data.py shards
+    trainer = instantiate(_compose(tmp_path, ["trainer=ddp_cpu"]).trainer, logger=False, callbacks=[])
+    assert isinstance(trainer.strategy, DDPStrategy) and trainer.num_devices == 2
+    assert trainer.strategy.process_group_backend == "gloo"
 
 
 @pytest.fixture(scope="module")
