@@ -24,6 +24,12 @@ from gatedprune.gating import PENALTY_NORMALISATIONS, attach_gates
 from gatedprune.plots import save_gate_heatmap
 
 
+def _distributed() -> bool:
+    """True inside a DDP process group of more than one process."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 @dataclass
 class PruningConfig:
     """What is gated and how strongly it is pushed to close."""
@@ -175,9 +181,11 @@ class GatedSeq2Seq(L.LightningModule):
         self.log("train/ce", ce, prog_bar=True, batch_size=ntokens)
         self.log("train/loss", loss, batch_size=ntokens)
         self.log("train/expected_open", self.gates.expected_open(), prog_bar=True, batch_size=1)
-        if not torch.isfinite(loss):
+        if not torch.isfinite(loss) and not _distributed():
             self._skip_step(f"loss is {loss.item()}")
             return None  # Lightning then skips backward and the optimiser step
+        # under DDP every process must run backward, or the others wait for it forever: the gradients, averaged
+        # across processes, are then non-finite in all of them, and on_before_optimizer_step skips the step
         return loss
 
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
@@ -254,8 +262,8 @@ class GatedSeq2Seq(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         hyps, refs = self._val_hyps, self._val_refs
         self._val_hyps, self._val_refs = [], []
-        if self.trainer.world_size > 1:  # DDP: every process scores the whole validation set
-            shares = [None] * self.trainer.world_size
+        if _distributed():  # DDP: every process scores the whole validation set
+            shares = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(shares, (hyps, refs))
             hyps, refs = [h for share, _ in shares for h in share], [r for _, share in shares for r in share]
         if not hyps:

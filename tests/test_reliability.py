@@ -182,6 +182,10 @@ def test_non_finite_loss_is_skipped_then_stops_the_run(tmp_path, monkeypatch):
     assert module.skipped_steps == 2
     with pytest.raises(FloatingPointError, match=r"3 steps in a row had a non-finite loss or gradient \(optim.max_bad_steps=3\)"):
         module.training_step(batch, 3)
+    # under DDP the loss goes on to backward (a process that skipped it would hang the others); the gradient
+    # check, on gradients averaged across processes, then skips the step in every process
+    monkeypatch.setattr("gatedprune.module._distributed", lambda: True)
+    assert torch.isnan(module.training_step(batch, 4)) and module.skipped_steps == 3
 
 
 def test_non_finite_gradient_skips_the_optimiser_step(tmp_path):
