@@ -41,4 +41,4 @@ class DenseCheckpoint(L.Callback):
         if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING or start_step == 0 or trainer.global_step != start_step:
             return
         trainer.save_checkpoint(self.dirpath / "dense.ckpt")
-        print(f"end of the dense phase: saved {self.dirpath / 'dense.ckpt'}; fork gated runs from it with resume=<it>")
+        print(f"end of the dense phase: saved {self.dirpath / 'dense.ckpt'}; gated runs can start there (resume=)")

@@ -94,19 +94,25 @@ class HeadGates(nn.Module):
         """``{attention module path: sorted kept head indices}`` under the binary rule (log_alpha > 0)."""
         return {path: self.kept(i) for i, path in enumerate(self.paths)}
 
+    def _per_kind(self, per_site: list) -> dict:
+        """Numbers given per site (gated module), summed per attention kind and in total."""
+        sums = Counter()
+        for kind, value in zip(self.kinds, per_site):
+            sums[kind] += value
+        return {"total": sum(per_site), **{k: sums[k] for k in ATTENTION_KINDS if k in sums}}
+
     def heads_per_kind(self) -> dict[str, int]:
         """All gated heads, per kind and in total."""
-        heads = Counter()
-        for gate, kind in zip(self.gates, self.kinds):
-            heads[kind] += gate.num_heads
-        return {"total": self.num_heads, **{k: heads[k] for k in ATTENTION_KINDS if k in heads}}
+        return self._per_kind([gate.num_heads for gate in self.gates])
 
     def heads_alive(self) -> dict[str, int]:
-        """Binary-rule open heads per kind, and in total; kinds that are not gated count all their heads."""
-        alive = Counter()
-        for i, kind in enumerate(self.kinds):
-            alive[kind] += len(self.kept(i))
-        return {"total": sum(alive.values()), **{k: alive[k] for k in ATTENTION_KINDS if k in alive}}
+        """Binary-rule open heads per kind, and in total."""
+        return self._per_kind([len(self.kept(i)) for i in range(len(self.gates))])
+
+    @torch.no_grad()
+    def expected_open_per_kind(self) -> dict[str, float]:
+        """Sum of P(open) per kind, and in total."""
+        return self._per_kind([gate.p_open().sum().item() for gate in self.gates])
 
     @torch.no_grad()
     def clamp_(self) -> None:

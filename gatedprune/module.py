@@ -273,14 +273,11 @@ class GatedSeq2Seq(L.LightningModule):
         scores = {
             "val/bleu": bleu.corpus_score(hyps, [refs]).score,
             "val/chrf": chrf.corpus_score(hyps, [refs]).score,
-            "val/expected_open": float(self.gates.expected_open()),
         }
         alive = self.gates.heads_alive() if self.gates_trained else self.heads_total()
         scores.update({f"val/heads_alive_{k}": float(v) for k, v in alive.items()})
-        for kind in self.pruning.kinds:
-            scores[f"val/expected_open_{kind}"] = float(
-                sum(g.p_open().sum() for g, k in zip(self.gates.gates, self.gates.kinds) if k == kind)
-            )
+        expected = self.gates.expected_open_per_kind()
+        scores.update({"val/expected_open" + ("" if k == "total" else f"_{k}"): v for k, v in expected.items()})
         self.log_dict(scores, prog_bar=False, batch_size=1)
         self.signature = {"bleu": str(bleu.get_signature()), "chrf": str(chrf.get_signature())}
         if not self.trainer.sanity_checking and not self.gates_trained:

@@ -134,6 +134,11 @@ def test_expected_open_and_penalty_normalisations(family_model):
         torch.testing.assert_close(gates.penalty("head_mean").detach(), total / 16)
         # log_alpha > 0 keeps heads 0 and 2 of the first site; log_alpha 0 elsewhere keeps nothing
         assert gates.heads_alive() == {"total": 2, "encoder": 2, "cross": 0}
+        per_kind = gates.expected_open_per_kind()  # sites in order: encoder layers, then cross layers
+        assert gates.kinds == ["encoder", "encoder", "cross", "cross"]
+        assert per_kind["encoder"] == pytest.approx(float(p[0].sum() + p[1].sum()))
+        assert per_kind["cross"] == pytest.approx(float(p[2].sum() + p[3].sum()))
+        assert per_kind["total"] == pytest.approx(float(total)) and list(per_kind) == ["total", "encoder", "cross"]
         with pytest.raises(ValueError, match="unknown penalty normalisation 'mean'; allowed: layer_mean, sum, head_mean"):
             gates.penalty("mean")
     finally:
