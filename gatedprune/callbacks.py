@@ -38,7 +38,8 @@ class DenseCheckpoint(L.Callback):
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         start_step = pl_module.pruning.start_step
-        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING or start_step == 0 or trainer.global_step != start_step:
+        fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
+        if not fitting or start_step == 0 or trainer.global_step != start_step:
             return
         trainer.save_checkpoint(self.dirpath / "dense.ckpt")
         print(f"end of the dense phase: saved {self.dirpath / 'dense.ckpt'}; gated runs can start there (resume=)")
