@@ -126,12 +126,13 @@ def sweep_name(root: Path) -> str:
 
 
 def dense_baseline(rows: list[dict]) -> tuple[float, int] | None:
-    """Mean of the runs' dense-phase BLEU and how many runs it averages; None when no run had a dense phase.
+    """Mean of the pruning runs' dense-phase BLEU and how many runs it averages; None when no run had a dense
+    phase. Dense runs (no gated step: method "dense") are points of their own, not part of this line.
 
     The runs of a lambda sweep share seed and dense phase, so their dense scores agree; the mean also covers
     sweeps where they differ.
     """
-    scores = [r["dense_bleu"] for r in rows if r["dense_bleu"] is not None]
+    scores = [r["dense_bleu"] for r in rows if r["dense_bleu"] is not None and r["method"] != "dense"]
     return (mean(scores), len(scores)) if scores else None
 
 

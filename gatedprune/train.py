@@ -128,14 +128,16 @@ def _fit_and_report(
         return {}
 
     pruning, model, tokenizer = module.pruning, module.model, module.tokenizer
+    gated = module.gates_trained  # False for a run that ended before pruning.start_step: a dense baseline
     metrics = {
+        "method": "gated" if gated else "dense",
         "bleu": final["val/bleu"],
         "chrf": final["val/chrf"],
         "val_loss": final["val/loss"],
         "heads_total": module.heads_total()["total"],
         "heads_alive": module.gates.heads_alive(),
         "expected_open": final["val/expected_open"],
-        "l0_lambda": pruning.l0_lambda,
+        "l0_lambda": pruning.l0_lambda if gated else None,
         "penalty_normalisation": pruning.penalty_normalisation,
         "target_heads": module.budget.targets if module.budget is not None else None,
         "params": sum(p.numel() for p in model.parameters()),
@@ -196,7 +198,8 @@ def resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
 def final_table(metrics: dict, heads_total: dict) -> str:
     """Dense phase beside the gated result: BLEU, chrF, heads alive per kind, parameters; then where things are."""
     dense, export = metrics["dense"], metrics.get("export")
-    columns = ([f"dense (step {dense['step']})"] if dense else []) + [f"gated (step {metrics['steps']})"]
+    final = f"{metrics['method']} (step {metrics['steps']})"
+    columns = ([f"dense (step {dense['step']})"] if dense else []) + [final]
 
     def row(name: str, dense_value: str, final_value: str) -> tuple:
         return (name, dense_value, final_value) if dense else (name, final_value)

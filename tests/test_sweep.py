@@ -14,7 +14,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
 
-from gatedprune.sweep import budget_objective, main, summarise
+from gatedprune.sweep import budget_objective, dense_baseline, main, summarise
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -92,6 +92,20 @@ def test_summary_csv_has_the_inputs_sorted_by_lambda_then_method(multirun):
     assert failed["error"] == "RuntimeError: out of memory | at step 7" and failed["bleu"] == ""
     assert next(r for r in table if r["run"] == "5")["error"].startswith("no metrics.json or status.json")
     assert all(r["error"] == "" for r in table if r["status"] in ("done", "running"))
+
+
+def test_a_dense_run_is_a_point_of_its_own_not_part_of_the_dense_line(tmp_path):
+    # a run that ended before gating (pruning.start_step >= max_steps) says method "dense" and has no lambda;
+    # the dense line is the mean dense phase of the pruning runs only
+    done = {"status": "done"}
+    _run(tmp_path, "0", 0.1, _metrics(0.1, 10.5, (2, 3, 1), dense_bleu=20.0), done)
+    _run(tmp_path, "1", 0.01, _metrics(0.01, 18.0, (6, 7, 5), dense_bleu=22.0), done)
+    dense = {**_metrics(None, 25.0, (8, 8, 8), dense_bleu=25.0), "method": "dense", "l0_lambda": None}
+    _run(tmp_path, "2", 0.1, dense, done)
+    rows = summarise(tmp_path)
+    assert [(r["run"], r["method"], r["lambda"]) for r in rows] == [("1", "gated", 0.01), ("0", "gated", 0.1), ("2", "dense", None)]
+    assert dense_baseline(rows) == (21.0, 2)
+    assert (tmp_path / "pareto.png").read_bytes().startswith(PNG_SIGNATURE)
 
 
 def test_summary_md_lists_every_run_with_status_and_error(multirun):

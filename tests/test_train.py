@@ -57,10 +57,19 @@ def test_smoke_run_writes_metrics_checkpoint_tokenizer_and_heatmaps(smoke_run):
     assert alive["total"] == sum(len(kept) for kept in on_disk["plan"].values())
     assert on_disk["steps"] == 30 and on_disk["dense"]["step"] == 10
     assert on_disk["penalty_normalisation"] == "layer_mean" and on_disk["l0_lambda"] == 0.5
+    assert on_disk["method"] == "gated" and (out / "checkpoints" / "dense.ckpt").is_file()
     assert Path(on_disk["checkpoint"]).is_file()
     assert (out / "tokenizer" / "tokenizer.json").is_file()
     assert sorted(p.name for p in (out / "gates").glob("*.png"))[-1] == "step_0000030.png"
     assert (out / "csv" / "metrics.csv").is_file()
+
+
+def test_a_run_that_ends_before_gating_is_a_dense_baseline(tmp_path):
+    # the same number of steps as a gated run, without gates: what the sweep plot compares pruning against
+    metrics = train(_compose(tmp_path, ["experiment=smoke", "trainer.max_steps=10", "export.enabled=false"]))
+    assert metrics["method"] == "dense" and metrics["l0_lambda"] is None and metrics["steps"] == 10
+    assert metrics["heads_alive"]["total"] == metrics["heads_total"] == 24
+    assert metrics["dense"] == {"step": 10, "bleu": metrics["bleu"], "chrf": metrics["chrf"]}
 
 
 def test_checkpoint_describes_model_and_gates(smoke_run):
