@@ -92,7 +92,7 @@ def read_run(run_dir: Path, root: Path) -> dict:
         "bleu": metrics.get("bleu"),
         "chrf": metrics.get("chrf"),
         "dense_bleu": (metrics.get("dense") or {}).get("bleu"),
-        "params": metrics.get("params"),
+        "params": _params_kept(metrics),
     })
     return row
 
@@ -236,6 +236,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print((out / "summary.md").read_text(), end="")
     print(f"wrote {out / 'summary.csv'}, {out / 'summary.md'}, {out / 'pareto.png'}")
     return 0
+
+
+def _params_kept(metrics: dict) -> int | None:
+    """Parameters of the pruned model, as exported; a dense run keeps them all; None for an unexported pruning run
+    (its metrics.json counts the parameters before pruning)."""
+    if metrics.get("export"):
+        return metrics["export"]["params"]
+    return metrics.get("params") if metrics.get("method") == "dense" else None
 
 
 def _read_json(path: Path) -> dict | None:

@@ -197,7 +197,8 @@ def resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
 
 def final_table(metrics: dict, heads_total: dict) -> str:
     """Dense phase beside the gated result: BLEU, chrF, heads alive per kind, parameters; then where things are."""
-    dense, export = metrics["dense"], metrics.get("export")
+    dense = metrics["dense"] if metrics["method"] == "gated" else None  # a dense run is its own dense column
+    export = metrics.get("export")
     final = f"{metrics['method']} (step {metrics['steps']})"
     columns = ([f"dense (step {dense['step']})"] if dense else []) + [final]
 

@@ -27,7 +27,7 @@ def _metrics(lam, bleu, alive, dense_bleu=20.0, method=None) -> dict:
         "bleu": bleu, "chrf": bleu + 30.0, "val_loss": 3.0, "heads_total": 24,
         "heads_alive": {"total": sum(alive), **dict(zip(("encoder", "decoder", "cross"), alive))},
         "expected_open": sum(alive) + 0.5, "l0_lambda": lam, "penalty_normalisation": "layer_mean",
-        "params": 100_000 + 1_000 * sum(alive), "checkpoint": "x/last.ckpt",
+        "params": 200_000, "export": {"params": 100_000 + 1_000 * sum(alive)}, "checkpoint": "x/last.ckpt",
         "dense": {"step": 10, "bleu": dense_bleu, "chrf": 50.0}, "steps": 30, "plan": {}, "seed": 1,
     }
     return metrics if method is None else {**metrics, "method": method}
@@ -101,10 +101,14 @@ def test_a_dense_run_is_a_point_of_its_own_not_part_of_the_dense_line(tmp_path):
     _run(tmp_path, "0", 0.1, _metrics(0.1, 10.5, (2, 3, 1), dense_bleu=20.0), done)
     _run(tmp_path, "1", 0.01, _metrics(0.01, 18.0, (6, 7, 5), dense_bleu=22.0), done)
     dense = {**_metrics(None, 25.0, (8, 8, 8), dense_bleu=25.0), "method": "dense", "l0_lambda": None}
+    del dense["export"]  # nothing to cut
     _run(tmp_path, "2", 0.1, dense, done)
     rows = summarise(tmp_path)
     assert [(r["run"], r["method"], r["lambda"]) for r in rows] == [("1", "gated", 0.01), ("0", "gated", 0.1), ("2", "dense", None)]
     assert dense_baseline(rows) == (21.0, 2)
+    assert [r["params"] for r in rows] == [118_000, 106_000, 200_000]  # pruned as exported; the dense run's own
+    _run(tmp_path, "3", 0.1, {k: v for k, v in _metrics(0.1, 1.0, (1, 1, 1)).items() if k != "export"}, done)
+    assert next(r for r in summarise(tmp_path) if r["run"] == "3")["params"] is None  # not exported: not known
     assert (tmp_path / "pareto.png").read_bytes().startswith(PNG_SIGNATURE)
 
 
@@ -175,7 +179,7 @@ def test_lambda_sweep_expands_to_five_gated_runs(tmp_path):
     cfg = _compose(tmp_path, ["experiment=lambda_sweep"])
     params = [f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items()]
     jobs = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(params), max_batch_size=None)[0]
-    assert jobs == [[f"pruning.l0_lambda={lam}"] for lam in ("0.001", "0.003", "0.01", "0.03", "0.1")]
+    assert jobs == [[f"pruning.l0_lambda={lam}"] for lam in ("0.01", "0.03", "0.1", "0.3", "1.0")]
 
 
 def test_optuna_preset_composes_with_the_smoke_experiment(tmp_path):
