@@ -7,6 +7,7 @@ import os
 import platform
 import shutil
 import signal
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -66,12 +67,22 @@ def train(cfg: DictConfig) -> dict:
         if run_dir.exists():
             _write_status(run_dir, status="failed", error=f"{type(err).__name__}: {err}".splitlines()[0])
         raise
+    finally:
+        _finish_wandb_run()
     _write_status(run_dir, status="done")
     return metrics
 
 
 def _write_status(run_dir: Path, **status) -> None:
     atomic_write_text(run_dir / "status.json", json.dumps(status) + "\n")
+
+
+def _finish_wandb_run() -> None:
+    """End the W&B run that a WandbLogger started. Lightning leaves it open, and the next run in this process
+    (every member of a local ``-m`` sweep) would log into it."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and wandb.run is not None:
+        wandb.finish()
 
 
 def _check_ddp_launch(cfg: DictConfig) -> None:
@@ -197,7 +208,7 @@ def resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
 
 def final_table(metrics: dict, heads_total: dict) -> str:
     """Dense phase beside the gated result: BLEU, chrF, heads alive per kind, parameters; then where things are."""
-    dense = metrics["dense"] if metrics["method"] == "gated" else None  # a dense run is its own dense column
+    dense = metrics["dense"] if metrics["method"] == "gated" else {}  # a dense run is its own dense column
     export = metrics.get("export")
     final = f"{metrics['method']} (step {metrics['steps']})"
     columns = ([f"dense (step {dense['step']})"] if dense else []) + [final]

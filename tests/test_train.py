@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import wandb
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from lightning.pytorch.strategies import DDPStrategy
@@ -108,3 +109,8 @@ def test_wandb_logger_works_offline_with_metrics_and_heatmaps(tmp_path, monkeypa
     media = list(runs[0].rglob("gates/heatmap*.png"))
     assert media, sorted(str(p.relative_to(runs[0])) for p in runs[0].rglob("*"))[:20]
     assert (tmp_path / "csv" / "metrics.csv").is_file()  # CSV always
+    # the W&B run ends with the run: the next run in this process (a -m sweep's next member) gets its own
+    assert wandb.run is None
+    second = ["experiment=smoke", "logger=wandb", "export.enabled=false", "trainer.max_steps=10"]
+    train(_compose(tmp_path / "second", second))
+    assert len(list((tmp_path / "second" / "wandb").glob("offline-run-*"))) == 1
