@@ -9,15 +9,19 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 
-class CheckpointOnSigterm(L.Callback):
-    """On SIGTERM (what SLURM sends before a job's time is up) save ``<dirpath>/last.ckpt`` before exiting.
+class LastCheckpoint(L.Callback):
+    """Keep ``<dirpath>/last.ckpt`` current where ModelCheckpoint's every-n-steps saving does not reach: at the end
+    of training (the step metrics.json reports), and on SIGTERM (what SLURM sends before a job's time is up).
 
-    Lightning finishes the batch in flight, then raises ``SIGTERMException``; the checkpoint written here is
-    the one ``resume=auto`` continues from.
+    On SIGTERM Lightning finishes the batch in flight, then raises ``SIGTERMException``; the checkpoint written
+    here is the one ``resume=auto`` continues from.
     """
 
     def __init__(self, dirpath: str | Path):
         self.dirpath = Path(dirpath)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        trainer.save_checkpoint(self.dirpath / "last.ckpt")
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if isinstance(exception, SIGTERMException):

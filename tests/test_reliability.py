@@ -129,9 +129,18 @@ def test_gated_run_forked_from_a_dense_checkpoint_ends_where_a_run_from_scratch_
     dense = reference_run / "checkpoints" / "dense.ckpt"
     assert _step(dense) == 10
     fork, scratch = tmp_path / "fork", tmp_path / "scratch"
+    # the fork is stopped by SIGTERM (as SLURM preempts) and relaunched with the same command: it continues from
+    # its own last checkpoint, not from dense.ckpt again
+    proc = _start(fork, "pruning.l0_lambda=0.05", f"resume={dense}")
+    _wait_for_checkpoint(proc, fork / "checkpoints" / "last.ckpt", min_step=20)
+    proc.send_signal(signal.SIGTERM)
+    first, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM and "resumed at step 10" in first, first[-3000:]
+    stopped_at = _step(fork / "checkpoints" / "last.ckpt")
     out = _finish(_start(fork, "pruning.l0_lambda=0.05", f"resume={dense}"))
+    assert f"continuing from it rather than from {dense}" in out and f"resumed at step {stopped_at}" in out
     _finish(_start(scratch, "pruning.l0_lambda=0.05"))
-    assert "resumed at step 10" in out and not (fork / "gates" / "step_0000010.png").exists()  # no dense re-run
+    assert not (fork / "gates" / "step_0000010.png").exists()  # no dense re-run
     ours, theirs = (json.loads((d / "metrics.json").read_text()) for d in (fork, scratch))
     assert ours["l0_lambda"] == 0.05 and ours["dense"] == theirs["dense"] and ours["dense"]["step"] == 10
     assert ours["plan"] == theirs["plan"] and ours["bleu"] == theirs["bleu"]

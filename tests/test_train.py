@@ -67,10 +67,13 @@ def test_smoke_run_writes_metrics_checkpoint_tokenizer_and_heatmaps(smoke_run):
 
 def test_a_run_that_ends_before_gating_is_a_dense_baseline(tmp_path):
     # the same number of steps as a gated run, without gates: what the sweep plot compares pruning against
-    metrics = train(_compose(tmp_path, ["experiment=smoke", "trainer.max_steps=10", "export.enabled=false"]))
-    assert metrics["method"] == "dense" and metrics["l0_lambda"] is None and metrics["steps"] == 10
+    metrics = train(_compose(tmp_path, ["experiment=smoke", "trainer.max_steps=13", "pruning.start_step=13",
+                                        "export.enabled=false"]))
+    assert metrics["method"] == "dense" and metrics["l0_lambda"] is None and metrics["steps"] == 13
     assert metrics["heads_alive"]["total"] == metrics["heads_total"] == 24
-    assert metrics["dense"] == {"step": 10, "bleu": metrics["bleu"], "chrf": metrics["chrf"]}
+    assert metrics["dense"] == {"step": 13, "bleu": metrics["bleu"], "chrf": metrics["chrf"]}
+    # the checkpoint metrics.json names is the last step, not the last multiple of every_n_train_steps (10)
+    assert torch.load(metrics["checkpoint"], weights_only=False)["global_step"] == 13
 
 
 def test_checkpoint_describes_model_and_gates(smoke_run):
