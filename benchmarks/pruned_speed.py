@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from gatedprune.adapters import ATTENTION_KINDS, attention_sites
 from gatedprune.surgery import count_parameters, prune_heads
-from gatedprune.utils import atomic_write_text, format_table
+from gatedprune.utils import atomic_write_text, format_table, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 # heads kept per kind (encoder, decoder, cross), of 24 each: the lambda sweep's results, dense first
@@ -102,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         params = count_parameters(pruned)
         rows.append((
             "/".join(map(str, budget)), sum(budget), f"{params:,}", f"{params / count_parameters(dense):.3f}",
-            *(f"{value}" for name in ("forward", "generate")
-              for value in (f"{ms[name][0]:.1f}", f"{ms[name][1]:.1f}", f"{ms[name][1] / ms[name][0]:.3f}")),
+            *(cell for dense_ms, pruned_ms in (ms["forward"], ms["generate"])
+              for cell in (f"{dense_ms:.1f}", f"{pruned_ms:.1f}", f"{pruned_ms / dense_ms:.3f}")),
         ))
         print(f"measured {sum(budget)} heads", file=sys.stderr)
     header = ["heads enc/dec/cross", "heads", "params", "params ratio", "forward dense ms", "forward pruned ms",
@@ -115,10 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.threads} threads; median of {args.repeats} alternating repeats; torch {torch.__version__}, "
         f"transformers {transformers.__version__}, {platform.processor() or platform.machine()}"
     )
-    markdown = "| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n"
-    markdown += "".join("| " + " | ".join(map(str, row)) + " |\n" for row in rows)
-    atomic_write_text(args.out, f"# Pruned model speed\n\n`{' '.join(['benchmarks/pruned_speed.py', *sys.argv[1:]])}`\n\n"
-                      f"{setup}\n\n{markdown}")
+    command = " ".join(["benchmarks/pruned_speed.py", *(sys.argv[1:] if argv is None else argv)])
+    atomic_write_text(args.out, f"# Pruned model speed\n\n`{command}`\n\n{setup}\n\n{markdown_table(header, rows)}")
     print(f"wrote {args.out}")
     return 0
 

@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from gatedprune.utils import atomic_write_text  # noqa: E402
+from gatedprune.utils import atomic_write_text, markdown_table  # noqa: E402
 
 KINDS = ("encoder", "decoder", "cross")
 # what status.json says (train.py writes running, done, interrupted or failed), "unknown" when neither file is there
@@ -152,16 +152,15 @@ def to_markdown(rows: list[dict], root: Path) -> str:
     if dense is not None:
         lines.append(f"Dense-phase BLEU (mean over {dense[1]} runs): {dense[0]:.2f}")
     header = ["run", "method", "lambda", *KINDS, "heads alive", "BLEU", "chrF", "params", "status", "error"]
-    lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    cells = []
     for r in rows:
         heads = "-" if r["heads_alive"] is None else f"{r['heads_alive']} / {_fmt(r['heads_total'], 'd')}"
-        cells = [
+        cells.append((
             r["run"], r["method"], _fmt(r["lambda"], "g"), *(_fmt(r[f"heads_{k}"], "d") for k in KINDS), heads,
             _fmt(r["bleu"], ".2f"), _fmt(r["chrf"], ".2f"), _fmt(r["params"], ","), r["status"],
             r["error"].replace("|", "\\|").replace("\n", " "),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        ))
+    return "\n".join(lines) + "\n\n" + markdown_table(header, cells)
 
 
 def plot_pareto(rows: list[dict], path: Path, title: str = "") -> None:

@@ -36,6 +36,12 @@ def format_table(header: list[str], rows: list[tuple]) -> str:
     return "\n".join(lines)
 
 
+def markdown_table(header: list[str], rows: list[tuple]) -> str:
+    """A Markdown table, one line per row."""
+    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows]) + "\n"
+
+
 def load_gated_checkpoint_file(path: str | Path) -> dict:
     """A Lightning checkpoint of a gated run, loaded on CPU; ``ValueError`` naming the file if it is not one."""
     try:

@@ -29,6 +29,8 @@ def test_pruned_speed_writes_its_table(tmp_path):
     bench = _load("pruned_speed")
     out = tmp_path / "speed.md"
     assert bench.main(["--repeats", "1", "--batch", "2", "--length", "4", "--new-tokens", "2", "--out", str(out)]) == 0
-    rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and line[2].isdigit()]
+    text = out.read_text()
+    assert "`benchmarks/pruned_speed.py --repeats 1 --batch 2 --length 4 --new-tokens 2 --out" in text  # its own command
+    rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert [row.split(" | ")[1] for row in rows] == ["72", "48", "34", "16", "2"]
     assert rows[2].split(" | ")[2] == "6,462,912"  # the parameter count of the lambda 0.1 export of the sweep
