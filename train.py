@@ -3,27 +3,20 @@
 Returns the metric named by `optimized_metric` so Hydra sweepers can optimise it.
 """
 
-import os
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
+from gatedprune.cli import reported_errors, run_hydra_app
 from gatedprune.train import set_offline_defaults, train
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    try:
+    with reported_errors():  # bad input: `error: ...`, exit 2; a run that diverged or did not verify: exit 1
         metrics = train(cfg)
-    except (ValueError, FileNotFoundError, FloatingPointError) as err:  # bad input, or a run that diverged
-        if os.environ.get("GATEDPRUNE_DEBUG"):
-            raise
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
     return float(metrics[cfg.optimized_metric]) if metrics else None  # DDP processes other than rank 0 report nothing
 
 
 if __name__ == "__main__":
     set_offline_defaults()
-    main()
+    run_hydra_app(main)

@@ -12,6 +12,8 @@ over ``warmup_steps`` gated steps. At export, the top-k rule keeps exactly the t
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -33,7 +35,7 @@ def resolve_targets(target_heads: TargetSpec, gates: HeadGates) -> dict[str, int
         if group not in heads:
             allowed = ", ".join(k for k in ATTENTION_KINDS if k in heads)
             raise ValueError(f"pruning.target_heads names {group!r}, which is not gated; allowed: {allowed}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"pruning.target_heads[{group}]={value!r}; allowed: a head count or a fraction in (0, 1)")
         count = round(value * heads[group]) if isinstance(value, float) and 0 < value < 1 else value
         if count != int(count) or not 0 <= count <= heads[group]:

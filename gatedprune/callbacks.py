@@ -21,11 +21,11 @@ class LastCheckpoint(L.Callback):
         self.dirpath = Path(dirpath)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        trainer.save_checkpoint(self.dirpath / "last.ckpt")
+        trainer.save_checkpoint(self.dirpath / "last.ckpt", weights_only=False)  # the whole state, to resume
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if isinstance(exception, SIGTERMException):
-            trainer.save_checkpoint(self.dirpath / "last.ckpt")
+            trainer.save_checkpoint(self.dirpath / "last.ckpt", weights_only=False)  # the whole state, to resume
             print(f"SIGTERM: saved {self.dirpath / 'last.ckpt'} at step {trainer.global_step}; resume with resume=auto")
 
 
@@ -45,5 +45,5 @@ class DenseCheckpoint(L.Callback):
         fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
         if not fitting or start_step == 0 or trainer.global_step != start_step:
             return
-        trainer.save_checkpoint(self.dirpath / "dense.ckpt")
+        trainer.save_checkpoint(self.dirpath / "dense.ckpt", weights_only=False)
         print(f"end of the dense phase: saved {self.dirpath / 'dense.ckpt'}; gated runs can start there (resume=)")

@@ -115,23 +115,59 @@ def pairs_from_columns(columns: dict[str, list], src_key: str, tgt_key: str, ori
     raise ValueError(f"{origin}: no column {missing!r}; the columns are {sorted(columns)}")
 
 
-def read_pairs_file(path: str | Path, src_key: str, tgt_key: str) -> list[Pair]:
-    """Pairs from a .tsv (source<TAB>target, no header), .jsonl or .parquet file."""
+HEADER_NAMES = {"source", "target", "src", "tgt"}  # with the language keys: what a TSV header line says
+
+
+def _read_text(path: Path) -> str:
+    """The file as UTF-8 text; ``ValueError`` naming the file and line of the first byte that is not UTF-8."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{line}: not valid UTF-8 (byte {data[err.start]:#04x}); allowed: UTF-8 text") from None
+
+
+def is_header(fields: list[str], src_key: str, tgt_key: str) -> bool:
+    """True when a TSV's first line names its columns (``en<TAB>fr``, ``source<TAB>target``) rather than a pair."""
+    names = {field.strip().lower() for field in fields}
+    return names <= HEADER_NAMES | {src_key.lower(), tgt_key.lower()} and len(names) == 2
+
+
+def read_pairs_file(path: str | Path, src_key: str, tgt_key: str, header: bool | None = None) -> list[Pair]:
+    """Pairs from a .tsv (source<TAB>target), .jsonl or .parquet file.
+
+    A TSV's first line is skipped when ``header`` is True, or when it is None and the line names the columns
+    (``is_header``).
+    """
     path = Path(path)
     if path.suffix not in FILE_SUFFIXES:
         raise ValueError(f"unknown file extension {path.suffix!r} of {str(path)!r}; allowed: {list(FILE_SUFFIXES)}")
     if not path.is_file():
         raise ValueError(f"data file not found: {str(path)!r}")
     if path.suffix == ".tsv":
-        pairs = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        rows = []
+        for number, line in enumerate(_read_text(path).splitlines(), start=1):
             fields = line.split("\t")
             if len(fields) != 2:
                 raise ValueError(f"{path}:{number}: expected 2 tab-separated fields, found {len(fields)}")
-            pairs.append((fields[0], fields[1]))
-        return pairs
+            rows.append((fields[0], fields[1]))
+        if rows and (header or (header is None and is_header(list(rows[0]), src_key, tgt_key))):
+            print(f"{path}: skipped the header line {rows[0]}")
+            rows = rows[1:]
+        return rows
     if path.suffix == ".jsonl":
-        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        rows = []
+        for number, line in enumerate(_read_text(path).splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{number}: not valid JSON ({err.msg} at column {err.colno})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{number}: expected a JSON object, found {type(row).__name__}")
+            rows.append(row)
         columns = {key: [row.get(key) for row in rows] for key in (rows[0] if rows else {})}
     else:
         columns = pq.read_table(path).to_pydict()
@@ -158,6 +194,14 @@ def load_hf_pairs(
         columns = {column: dataset[column] for column in dataset.column_names}  # lazy columns: nothing is read yet
         pairs[split] = pairs_from_columns(columns, src_key, tgt_key, origin=f"dataset {name!r} split {hf_split!r}")
     return pairs
+
+
+def drop_empty_pairs(pairs: list[Pair], origin: str) -> list[Pair]:
+    """The pairs whose source and target both hold text; says how many were dropped (an empty side, or None)."""
+    kept = [(s, t) for s, t in pairs if isinstance(s, str) and isinstance(t, str) and s.strip() and t.strip()]
+    if len(kept) < len(pairs):
+        print(f"{origin}: dropped {len(pairs) - len(kept)} of {len(pairs)} pairs with an empty source or target")
+    return kept
 
 
 def train_unigram_tokenizer(texts: list[str], vocab_size: int) -> transformers.PreTrainedTokenizerFast:
@@ -301,7 +345,8 @@ class TranslationDataModule(lightning.LightningDataModule):
         hf_name: str | None = None,
         hf_config: str | None = None,
         splits: dict[str, str] | None = None,  # our split name -> the dataset's; None: all three, same names
-        files: dict[str, str] | None = None,  # split name -> path
+        files: dict[str, str] | None = None,  # split name -> path (None: no such split)
+        files_header: bool | None = None,  # a TSV's first line: None detects a header, True skips it, False keeps it
         src_key: str | None = None,
         tgt_key: str | None = None,
         tokenizer_path: str | None = None,
@@ -325,7 +370,8 @@ class TranslationDataModule(lightning.LightningDataModule):
         self.source, self.bible_src, self.bible_tgt, self.max_chars = source, bible_src, bible_tgt, max_chars
         self.hf_name, self.hf_config = hf_name, hf_config
         self.splits = dict(zip(SPLITS, SPLITS)) if splits is None else dict(splits)
-        self.files = files
+        self.files = {split: path for split, path in (files or {}).items() if path is not None}
+        self.files_header = files_header
         self.src_key, self.tgt_key = src_key or src_lang, tgt_key or tgt_lang
         self.tokenizer_path, self.vocab_size, self.tokenizer_dir = tokenizer_path, vocab_size, tokenizer_dir
         self.max_tokens, self.max_length, self.eval_batch_size = max_tokens, max_length, eval_batch_size
@@ -350,9 +396,13 @@ class TranslationDataModule(lightning.LightningDataModule):
             _check_split_names(self.splits, "splits")
             pairs = load_hf_pairs(self.hf_name, self.hf_config, self.splits, self.src_key, self.tgt_key)
         else:
-            files = self.files or {}
-            _check_split_names(files, "files")
-            pairs = {split: read_pairs_file(path, self.src_key, self.tgt_key) for split, path in files.items()}
+            _check_split_names(self.files, "files")
+            pairs = {
+                split: read_pairs_file(path, self.src_key, self.tgt_key, self.files_header)
+                for split, path in self.files.items()
+            }
+        for split, split_pairs in pairs.items():
+            pairs[split] = drop_empty_pairs(split_pairs, f"split {split!r}")
         pairs["train"] = pairs["train"][: self.max_train_pairs]
         pairs["validation"] = pairs["validation"][: self.max_val_pairs]
         for split, split_pairs in pairs.items():
@@ -366,13 +416,16 @@ class TranslationDataModule(lightning.LightningDataModule):
             return self.tokenizer
         self.pairs = self.load_pairs()
         if self.tokenizer_path is not None:
+            where = f"{self.tokenizer_path!r} (data.tokenizer_path, by default model.name_or_path)"
+            local = Path(str(self.tokenizer_path)).expanduser()
+            if local.is_dir() and not any(any(local.glob(p)) for p in ("tokenizer*", "*.model", "*.spm", "vocab*")):
+                raise ValueError(f"no tokenizer at {where}: the directory holds no tokenizer files")
             try:
                 self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.tokenizer_path)
             except OSError:
-                raise ValueError(
-                    f"no tokenizer at {self.tokenizer_path!r} (data.tokenizer_path, by default model.name_or_path): "
-                    "not a local directory and not a cached hub model"
-                ) from None
+                raise ValueError(f"no tokenizer at {where}: not a local directory and not a cached hub model") from None
+            except ValueError as err:  # transformers explains over several lines why it could not build one
+                raise ValueError(f"no usable tokenizer at {where}: {str(err).splitlines()[0]}") from None
         else:
             texts = [text for pair in self.pairs["train"] for text in pair]
             self.tokenizer = train_unigram_tokenizer(texts, self.vocab_size)

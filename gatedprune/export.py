@@ -15,6 +15,7 @@ import copy
 import importlib.metadata
 import json
 import logging
+import os
 import shutil
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -29,7 +30,8 @@ from gatedprune import remote_modeling
 from gatedprune.adapters import ATTENTION_KINDS, attention_sites
 from gatedprune.gating import HeadGates, attach_gates
 from gatedprune.remote_modeling import CONFIG_KEY
-from gatedprune.utils import load_gated_checkpoint_file
+from gatedprune.checkpoints import load_checkpoint_file, strip_prefix
+from gatedprune.cli import RunFailed, run_reported
 from gatedprune.surgery import (
     count_parameters,
     family_class,
@@ -53,7 +55,7 @@ KIND_TITLES = {"encoder": "encoder self-attention", "decoder": "decoder self-att
 Pairs = Sequence[tuple[str, str]]
 
 
-class ExportError(RuntimeError):
+class ExportError(RunFailed):
     """The pruned model does not compute what the gated model computes; the message carries the numbers."""
 
 
@@ -179,20 +181,63 @@ def _float32_copy(model: transformers.PreTrainedModel, device: torch.device | st
 
 
 def _check_target(out_dir: Path, overwrite: bool) -> None:
+    if out_dir.parent.is_dir():
+        _clean_stale(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise FileExistsError(f"{out_dir} exists and is not a directory")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
         raise FileExistsError(f"{out_dir} exists and is not empty; pass overwrite=True (--overwrite) to replace it")
 
 
+def check_out_dir(out_dir: Path, protected: Sequence[Path] = ()) -> None:
+    """Refuse an output directory whose replacement would destroy a source: one of ``protected`` (a run directory or
+    checkpoint) or a directory holding one, or a place inside a ``checkpoints/`` folder."""
+    out = out_dir.resolve()
+    for source in map(lambda p: Path(p).resolve(), protected):
+        if out == source or out in source.parents:
+            raise ValueError(f"output directory {out_dir} is or contains the source {source}; choose another one")
+    for folder in (out, *out.parents):
+        if folder.name == "checkpoints" and any(folder.glob("*.ckpt")):
+            raise ValueError(f"output directory {out_dir} lies inside the run's checkpoints/ {folder}; choose another one")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _clean_stale(out_dir: Path) -> None:
+    """Remove the hidden folders that exports of ``out_dir`` killed mid-way left behind (their process is gone).
+
+    ``.NAME.partial-PID`` is an unfinished export; ``.NAME.old-PID`` the previous export, moved aside for the
+    rename: put back if the new one never arrived.
+    """
+    for leftover in sorted(out_dir.parent.glob(f".{out_dir.name}.*")):
+        kind, _, pid = leftover.name[len(out_dir.name) + 2 :].partition("-")
+        if kind not in ("partial", "old") or (pid.isdigit() and _alive(int(pid))):
+            continue
+        if kind == "old" and not out_dir.exists():
+            leftover.rename(out_dir)
+            log.warning("restored %s from %s, left by an export that was stopped", out_dir, leftover.name)
+        else:
+            shutil.rmtree(leftover, ignore_errors=True)
+            log.warning("removed %s, left by an export (process %s) that was stopped", leftover, pid or "unknown")
+
+
 @contextmanager
 def _staged(out_dir: Path, overwrite: bool) -> Iterator[Path]:
-    """A hidden sibling of ``out_dir`` to write into; renamed to ``out_dir`` on success, deleted on any failure."""
+    """A hidden sibling of ``out_dir`` to write into; renamed to ``out_dir`` on success, deleted on any failure.
+
+    The hidden names carry this process's PID, so two exports never share one.
+    """
     _check_target(out_dir, overwrite)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    stage, old = (out_dir.parent / f".{out_dir.name}.{suffix}" for suffix in ("partial", "old"))
-    for leftover in (stage, old):  # left by an export that was killed
-        shutil.rmtree(leftover, ignore_errors=True)
+    stage, old = (out_dir.parent / f".{out_dir.name}.{suffix}-{os.getpid()}" for suffix in ("partial", "old"))
     stage.mkdir()
     try:
         yield stage
@@ -502,20 +547,16 @@ def _verification_summary(report: dict) -> str:
 # --- from a training run -------------------------------------------------------------------------------------
 
 
-def _strip(state: Mapping[str, torch.Tensor], prefix: str) -> dict:
-    return {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}
-
-
 def load_gated_checkpoint(path: str | Path) -> tuple[transformers.PreTrainedModel, HeadGates]:
     """Rebuild the gated model of a Lightning checkpoint written by the gated trainer."""
-    checkpoint = load_gated_checkpoint_file(path)
+    checkpoint = load_checkpoint_file(path)
     config = transformers.AutoConfig.for_model(**checkpoint["hf_config"])
     model = transformers.AutoModelForSeq2SeqLM.from_config(config)
-    model.load_state_dict(_strip(checkpoint["state_dict"], "model."))
+    model.load_state_dict(strip_prefix(checkpoint["state_dict"], "model."))
     if "generation_config" in checkpoint:
         model.generation_config = transformers.GenerationConfig.from_dict(checkpoint["generation_config"])
     gates = attach_gates(model, checkpoint["gate_kinds"], **checkpoint["gate_options"])
-    gates.load_state_dict(_strip(checkpoint["state_dict"], "gates."))
+    gates.load_state_dict(strip_prefix(checkpoint["state_dict"], "gates."))
     return model.eval(), gates
 
 
@@ -526,7 +567,17 @@ def _find_run_files(source: Path) -> tuple[Path, Path | None]:
             raise FileNotFoundError(f"no run directory or checkpoint at {source}")
         run_dir = next((d for d in source.parents if (d / "metrics.json").exists()), None)
         return source, run_dir
-    recorded = Path(json.loads((source / "metrics.json").read_text())["checkpoint"])
+    metrics = source / "metrics.json"
+    if not metrics.is_file():  # a run still going, or one that stopped: its last checkpoint
+        if (source / "checkpoints" / "last.ckpt").is_file():
+            return source / "checkpoints" / "last.ckpt", source
+        raise FileNotFoundError(
+            f"{source} holds neither metrics.json nor checkpoints/last.ckpt; give a run directory or a .ckpt file"
+        )
+    try:
+        recorded = Path(json.loads(metrics.read_text())["checkpoint"])
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise ValueError(f"{metrics} is not a metrics.json written by train.py (no checkpoint named)") from None
     # as recorded (absolute, or relative to where training ran), relative to the run, or moved along with the run
     candidates = [recorded, source / recorded, source / "checkpoints" / recorded.name]
     checkpoint = next((c for c in candidates if c.is_file()), None)
@@ -538,11 +589,14 @@ def _find_run_files(source: Path) -> tuple[Path, Path | None]:
 def read_pairs(path: Path, limit: int) -> list[tuple[str, str]]:
     """The first ``limit`` (source, target) pairs of a JSON-lines file with "source" and "target" fields."""
     pairs = []
-    with path.open() as lines:
-        for line in lines:
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
             if line.strip():
-                row = json.loads(line)
-                pairs.append((row["source"], row["target"]))
+                try:
+                    row = json.loads(line)
+                    pairs.append((str(row["source"]), str(row["target"])))
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise ValueError(f"{path}:{number}: expected a JSON object with source and target") from None
             if len(pairs) == limit:
                 break
     return pairs
@@ -562,6 +616,7 @@ def export_checkpoint(
 ) -> dict:
     """``export_gated`` for a run directory or a Lightning checkpoint; tokenizer and val_pairs.jsonl from the run."""
     checkpoint, run_dir = _find_run_files(Path(source))
+    check_out_dir(Path(out_dir), protected=[checkpoint, *([run_dir] if run_dir else [])])
     model, gates = load_gated_checkpoint(checkpoint)
     tokenizer = None
     if run_dir is not None and (run_dir / "tokenizer").is_dir():
@@ -593,16 +648,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="device for verification (default cpu)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        export_checkpoint(
-            args.source, args.out_dir, rule="binary" if args.top_k is None else "top-k", top_k=args.top_k,
-            overwrite=args.overwrite, samples=args.samples, val_pairs=args.val_pairs,
-            max_new_tokens=args.max_new_tokens, device=args.device,
-        )
-    except (ExportError, FileExistsError, FileNotFoundError, ValueError) as error:
-        print(f"gatedprune-export: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return run_reported(lambda: export_checkpoint(
+        args.source, args.out_dir, rule="binary" if args.top_k is None else "top-k", top_k=args.top_k,
+        overwrite=args.overwrite, samples=args.samples, val_pairs=args.val_pairs,
+        max_new_tokens=args.max_new_tokens, device=args.device,
+    ))
 
 
 if __name__ == "__main__":

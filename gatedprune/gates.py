@@ -31,6 +31,10 @@ class GateOptions:
     log_alpha_range: tuple[float, float] = (-10.0, 10.0)  # clamp after each step, so gates stay finite
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "stretch", "eps", "init_log_alpha", "log_alpha_range"):
+            value = getattr(self, name)
+            if not all(math.isfinite(v) for v in (value if isinstance(value, (tuple, list)) else [value])):
+                raise ValueError(f"gate {name} must be finite, got {value}")
         gamma, zeta = self.stretch
         if not self.temperature > 0:
             raise ValueError(f"gate temperature must be > 0, got {self.temperature}")

@@ -21,7 +21,9 @@ from gatedprune.adapters import ATTENTION_KINDS, check_kinds
 from gatedprune.budget import HeadBudget, resolve_targets
 from gatedprune.gates import GATE_MODES, GateOptions
 from gatedprune.gating import PENALTY_NORMALISATIONS, attach_gates
+from gatedprune.checkpoints import describe
 from gatedprune.plots import save_gate_heatmap
+from gatedprune.utils import check_numbers
 
 
 def _distributed() -> bool:
@@ -51,6 +53,7 @@ class PruningConfig:
     lagrangian_lr: float = 0.05
 
     def __post_init__(self) -> None:
+        check_numbers("pruning", self)
         self.kinds = check_kinds(self.kinds)
         self.stretch = tuple(self.stretch)
         self.log_alpha_range = tuple(self.log_alpha_range)
@@ -82,6 +85,7 @@ class OptimConfig:
     max_bad_steps: int = 10  # consecutive steps with a non-finite loss or gradient before the run stops
 
     def __post_init__(self) -> None:
+        check_numbers("optim", self)
         if not self.lr > 0:
             raise ValueError(f"optim.lr={self.lr}; allowed: a number > 0")
         if not 0 <= self.label_smoothing < 1:
@@ -99,6 +103,9 @@ class GenerationConfig:
     length_factor: float = 1.5  # at most length_factor * source length + 10 new tokens
     log_examples: int = 3
     extra: dict = field(default_factory=dict)  # passed to generate() as is
+
+    def __post_init__(self) -> None:
+        check_numbers("generation", self)
 
 
 class GatedSeq2Seq(L.LightningModule):
@@ -204,7 +211,9 @@ class GatedSeq2Seq(L.LightningModule):
 
     def on_before_optimizer_step(self, optimizer) -> None:
         grads = [p.grad for p in self.parameters() if p.grad is not None]
-        if grads and not torch.isfinite(torch.stack([g.norm() for g in grads]).sum()):
+        if not grads:  # training_step returned None for a non-finite loss: counted there, and no step follows
+            return
+        if not torch.isfinite(torch.stack([g.norm() for g in grads]).sum()):
             optimizer.zero_grad(set_to_none=True)  # AdamW leaves parameters without a gradient untouched
             self._skip_step("a gradient is not finite")
         else:
@@ -299,10 +308,14 @@ class GatedSeq2Seq(L.LightningModule):
 
     # ---- checkpoints describe themselves, so the exporter needs nothing else --------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["hf_config"] = self.model.config.to_dict()
-        checkpoint["generation_config"] = self.model.generation_config.to_dict()
-        checkpoint["gate_options"] = asdict(self.pruning.gate_options())
-        checkpoint["gate_kinds"] = list(self.pruning.kinds)
+        # an optimiser step with finite loss and gradients can still overflow the weights (AdamW at a huge learning
+        # rate); such weights are never saved, so the last checkpoint on disk stays the last good one
+        if not all(torch.isfinite(p).all() for p in self.parameters()):
+            raise FloatingPointError(
+                f"the weights are not finite at step {self.global_step}; stopped without saving them, the last "
+                "checkpoint is the last good one (lower optim.lr?)"
+            )
+        checkpoint.update(describe(self))
         checkpoint["dense_metrics"] = self.dense_metrics
         checkpoint["skipped_steps"] = self.skipped_steps
 

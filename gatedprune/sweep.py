@@ -25,6 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
+from gatedprune.cli import fail  # noqa: E402
 from gatedprune.utils import atomic_write_text, markdown_table  # noqa: E402
 
 KINDS = ("encoder", "decoder", "cross")
@@ -228,8 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rows = summarise(args.multirun_dir, out)
     except NoRunsError as error:
-        print(f"gatedprune-sweep: {error}", file=sys.stderr)
-        return 1
+        return fail(str(error), 2)
     if args.wandb:
         log_to_wandb(rows, out / "pareto.png", sweep_name(args.multirun_dir), out)
     print((out / "summary.md").read_text(), end="")

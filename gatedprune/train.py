@@ -21,13 +21,15 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 
-from gatedprune.export import export_gated
+from gatedprune import rundir
+from gatedprune.checkpoints import check_resumable, load_checkpoint_file
+from gatedprune.cli import BAD_INPUT, one_line
+from gatedprune.export import check_out_dir, export_gated
 from gatedprune.module import GatedSeq2Seq
 from gatedprune.sweep import budget_objective
-from gatedprune.utils import atomic_write_text, format_table, load_gated_checkpoint_file
+from gatedprune.utils import atomic_write_text, format_table, write_json
 
 
-BAD_INPUT = (ValueError, FileNotFoundError)  # what setup raises for bad configs and data: one line for the user
 
 
 def _instantiate(node, **kwargs):
@@ -37,6 +39,8 @@ def _instantiate(node, **kwargs):
     except InstantiationException as err:
         if isinstance(err.__cause__, BAD_INPUT):
             raise err.__cause__ from None
+        if isinstance(err.__cause__, TypeError):  # an option the target does not take, or a value of the wrong type
+            raise ValueError(f"{node._get_full_key(None) or 'config'}: {err.__cause__}") from None
         raise
 
 
@@ -51,8 +55,10 @@ def train(cfg: DictConfig) -> dict:
     if rank_zero_only.rank > 0:  # a DDP process started by rank 0's trainer.fit: it trains, rank 0 reports
         return _fit_and_report(cfg, run_dir, *_setup(cfg, run_dir))
     fresh = not (run_dir / "status.json").exists()
-    _write_status(run_dir, status="running")
+    held = rundir.lock(run_dir)  # before anything is written: another process may own this directory
     try:
+        rundir.write_hydra_record(run_dir, cfg)
+        _write_status(run_dir, status="running")
         try:
             run = _setup(cfg, run_dir)
         except BAD_INPUT:
@@ -65,16 +71,17 @@ def train(cfg: DictConfig) -> dict:
         raise SystemExit(128 + signal.SIGTERM) from None
     except BaseException as err:
         if run_dir.exists():
-            _write_status(run_dir, status="failed", error=f"{type(err).__name__}: {err}".splitlines()[0])
+            _write_status(run_dir, status="failed", error=one_line(f"{type(err).__name__}: {err}"))
         raise
     finally:
         _finish_wandb_run()
+        rundir.unlock(held)
     _write_status(run_dir, status="done")
     return metrics
 
 
 def _write_status(run_dir: Path, **status) -> None:
-    atomic_write_text(run_dir / "status.json", json.dumps(status) + "\n")
+    write_json(run_dir / "status.json", status)
 
 
 def _finish_wandb_run() -> None:
@@ -106,9 +113,11 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
     pruning = _instantiate(cfg.pruning)
     optim = _instantiate(cfg.optim)
     generation = _instantiate(cfg.generation)
-    L.seed_everything(cfg.seed, workers=True)
-
+    if cfg.export.enabled:
+        check_out_dir(Path(cfg.export.out_dir), protected=[run_dir])
     checkpoint = resume_checkpoint(cfg.resume, run_dir)
+    saved = load_checkpoint_file(checkpoint) if checkpoint else None  # refuse a truncated or unsafe file now
+    L.seed_everything(cfg.seed, workers=True, verbose=False)  # quiet: stderr is for errors until set-up is done
     # a resumed run keeps the tokenizer its checkpoint was trained with; other DDP processes take rank 0's,
     # which it saved before it started them
     tokenizer_dir = checkpoint.parents[1] / "tokenizer" if checkpoint else None
@@ -119,6 +128,10 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
     if rank_zero_only.rank == 0:
         tokenizer.save_pretrained(run_dir / "tokenizer")
     model = _instantiate(cfg.model, tokenizer=tokenizer)
+    if checkpoint:  # a model of other shapes would fail deep inside trainer.fit, after the run directory is made
+        for field in check_resumable(checkpoint, saved, model, pruning.kinds):
+            print(f"warning: resuming with a model config field changed: {field}")
+        del saved
     module = GatedSeq2Seq(model, tokenizer, pruning, optim, generation, output_dir=run_dir, seed=cfg.seed)
     datamodule.setup("fit")  # tokenises, and refuses a training set that length filtering emptied
 
@@ -133,7 +146,8 @@ def _fit_and_report(
 ) -> dict:
     if checkpoint:
         print(f"resuming from {checkpoint}")
-    trainer.fit(module, datamodule=datamodule, ckpt_path=checkpoint)
+    # weights_only: Lightning unpickles only tensors and plain data, so a checkpoint cannot run code on resume
+    trainer.fit(module, datamodule=datamodule, ckpt_path=checkpoint, weights_only=True)
     final = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
     if not trainer.is_global_zero:
         return {}
@@ -171,7 +185,7 @@ def _fit_and_report(
     atomic_write_text(
         run_dir / "val_pairs.jsonl", "".join(json.dumps({"source": s, "target": t}) + "\n" for s, t in val_pairs)
     )
-    atomic_write_text(run_dir / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+    write_json(run_dir / "metrics.json", metrics)
     if cfg.export.enabled:
         # a head budget is met exactly by the top-k rule, per budget group
         rule, top_k = ("top-k", metrics["target_heads"]) if module.budget is not None else (cfg.export.rule, cfg.export.top_k)
@@ -183,7 +197,7 @@ def _fit_and_report(
             "params": report["params_after"],
             "verification": report["verification"],
         }
-        atomic_write_text(run_dir / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+        write_json(run_dir / "metrics.json", metrics)
     print(final_table(metrics, module.heads_total()))
     return metrics
 
@@ -206,7 +220,6 @@ def resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
         raise ValueError(f"resume={resume!r}: no checkpoint at {checkpoint}; give a run directory or a .ckpt file")
     if not (checkpoint.parents[1] / "tokenizer").is_dir():
         raise ValueError(f"resume={resume!r}: {checkpoint} is not inside a run directory (no tokenizer/ beside it)")
-    load_gated_checkpoint_file(checkpoint)  # refuse a truncated file now, with its name
     if own.is_file() and own.resolve() != checkpoint.resolve():
         print(f"this run directory has its own {own}: continuing from it rather than from {checkpoint}")
         return own

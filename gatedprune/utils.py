@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
 import os
 import tempfile
 from pathlib import Path
-
-import torch
-
-GATED_CHECKPOINT_KEYS = ("state_dict", "hf_config", "gate_kinds", "gate_options")
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -17,6 +16,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes the file private; a result file is as readable as any
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -25,6 +25,12 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def format_table(header: list[str], rows: list[tuple]) -> str:
@@ -42,16 +48,43 @@ def markdown_table(header: list[str], rows: list[tuple]) -> str:
     return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows]) + "\n"
 
 
-def load_gated_checkpoint_file(path: str | Path) -> dict:
-    """A Lightning checkpoint of a gated run, loaded on CPU; ``ValueError`` naming the file if it is not one."""
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # truncated or corrupt: torch raises several types depending on where it breaks
-        raise ValueError(f"{path} is not a readable checkpoint ({type(err).__name__}); it may be truncated") from None
-    missing = [key for key in GATED_CHECKPOINT_KEYS if key not in checkpoint]
-    if missing or not any(key.startswith("gates.") for key in checkpoint["state_dict"]):
-        raise ValueError(
-            f"{path} is not a checkpoint of a gated run (missing {missing or ['gates.*']}); "
-            "give a checkpoint written by gatedprune's train.py"
-        )
-    return checkpoint
+def finite_or_none(value):
+    """``value`` with every non-finite float (nan, inf) replaced by None, through dicts, lists and tuples."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(item) for item in value]
+    return value
+
+
+def write_json(path: str | Path, data) -> None:
+    """Write ``data`` as strict JSON (a non-finite number becomes null: ``Infinity`` is not JSON), atomically."""
+    atomic_write_text(path, json.dumps(finite_or_none(data), indent=2, allow_nan=False) + "\n")
+
+
+def check_numbers(section: str, config) -> None:
+    """``ValueError`` naming the first field of dataclass ``config`` whose default is a number (or a tuple of numbers)
+    and whose value is not one, or is nan or inf: no option means anything at infinity, nan passes every ``<``
+    check silently, and a string would fail later with a TypeError that names no option."""
+
+    def is_number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    for field in dataclasses.fields(config):
+        default = field.default
+        if default is dataclasses.MISSING:
+            default = None if field.default_factory is dataclasses.MISSING else field.default_factory()
+        value = getattr(config, field.name)
+        if is_number(default):
+            values = [value]
+        elif isinstance(default, tuple) and default and all(map(is_number, default)):
+            values = list(value) if isinstance(value, (tuple, list)) else [value]
+        else:
+            continue
+        shown = list(value) if isinstance(value, (tuple, list)) else repr(value) if isinstance(value, str) else value
+        if not all(map(is_number, values)):
+            raise ValueError(f"{section}.{field.name}={shown} is not a number; allowed: numbers")
+        if not all(math.isfinite(v) for v in values):
+            raise ValueError(f"{section}.{field.name}={shown} is not a finite number; allowed: finite numbers")

@@ -116,12 +116,12 @@ def test_exporter_refuses_corrupt_and_gateless_checkpoints(tmp_path):
 
     truncated = tmp_path / "truncated.ckpt"
     truncated.write_bytes(b"PK\x03\x04 not a whole checkpoint")
-    assert main([str(truncated), str(tmp_path / "out1")]) == 1
+    assert main([str(truncated), str(tmp_path / "out1")]) == 2
     assert not (tmp_path / "out1").exists()
 
     gateless = tmp_path / "gateless.ckpt"
     torch.save({"state_dict": {"model.w": torch.zeros(1)}, "hf_config": {"model_type": "bart"}}, gateless)
-    assert main([str(gateless), str(tmp_path / "out2")]) == 1
+    assert main([str(gateless), str(tmp_path / "out2")]) == 2
     assert not (tmp_path / "out2").exists()
 
 
@@ -130,8 +130,8 @@ def test_exporter_errors_are_one_line(tmp_path):
     truncated.write_bytes(b"garbage")
     proc = subprocess.run([sys.executable, "-m", "gatedprune.export", str(truncated), str(tmp_path / "out")],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert proc.returncode == 1
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("gatedprune-export: ")]
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1 and "truncated.ckpt" in lines[0] and "not a readable checkpoint" in lines[0]
     assert "Traceback" not in proc.stderr
 

@@ -31,7 +31,7 @@ def test_two_gloo_processes_keep_identical_gates_and_read_disjoint_data(tmp_path
         run_dir, "trainer=ddp_cpu",
         "+callbacks.probe._target_=ddp_probe.SaveRankState", f"+callbacks.probe.out_dir={probe}",
     )
-    ranks = [torch.load(probe / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    ranks = [torch.load(probe / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
     assert [r["world_size"] for r in ranks] == [2, 2]
 
     # the gates were trained (20 gated steps moved them) and are the same tensor on both processes

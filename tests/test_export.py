@@ -234,7 +234,7 @@ def test_cli_exports_a_run_directory_and_a_checkpoint(model_of, tmp_path, capsys
     assert report["plan"]["encoder"] == {p: k for p, k in gates.plan().items() if p.startswith("model.encoder.")}
     assert (tmp_path / "out" / "tokenizer.json").exists()
 
-    assert export.main([str(tmp_path / "run"), str(tmp_path / "out")]) == 1
+    assert export.main([str(tmp_path / "run"), str(tmp_path / "out")]) == 2
     assert "not empty" in capsys.readouterr().err
 
     checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"

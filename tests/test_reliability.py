@@ -34,12 +34,12 @@ def _finish(proc: subprocess.Popen) -> str:
 
 
 def _log_alpha(checkpoint: Path) -> torch.Tensor:
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
     return torch.cat([state[k] for k in sorted(state) if k.endswith(".log_alpha")])
 
 
 def _step(checkpoint: Path) -> int:
-    return torch.load(checkpoint, map_location="cpu", weights_only=False)["global_step"]
+    return torch.load(checkpoint, map_location="cpu", weights_only=True)["global_step"]
 
 
 def _wait_for_checkpoint(proc: subprocess.Popen, checkpoint: Path, min_step: int) -> None:
@@ -252,5 +252,5 @@ def test_bf16_mixed_run_keeps_float32_gates(tmp_path):
                                           "trainer.precision=bf16-mixed", "export.enabled=false"])
     metrics = train(cfg)
     assert metrics["steps"] == 30 and metrics["skipped_steps"] == 0
-    state = torch.load(metrics["checkpoint"], map_location="cpu", weights_only=False)["state_dict"]
+    state = torch.load(metrics["checkpoint"], map_location="cpu", weights_only=True)["state_dict"]
     assert all(v.dtype == torch.float32 for k, v in state.items() if k.endswith("log_alpha"))

@@ -145,9 +145,9 @@ def test_no_runs_is_one_line_nonzero_exit_and_nothing_written(tmp_path, capsys, 
         (target / "notes").mkdir()
         (target / "multirun.yaml").write_text("hydra: {}\n")
     before = sorted(tmp_path.rglob("*"))
-    assert main([str(target)]) == 1
+    assert main([str(target)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("gatedprune-sweep: ") and str(target) in err[0]
+    assert len(err) == 1 and err[0].startswith("error: ") and str(target) in err[0]
     assert sorted(tmp_path.rglob("*")) == before
 
 

@@ -73,12 +73,12 @@ def test_a_run_that_ends_before_gating_is_a_dense_baseline(tmp_path):
     assert metrics["heads_alive"]["total"] == metrics["heads_total"] == 24
     assert metrics["dense"] == {"step": 13, "bleu": metrics["bleu"], "chrf": metrics["chrf"]}
     # the checkpoint metrics.json names is the last step, not the last multiple of every_n_train_steps (10)
-    assert torch.load(metrics["checkpoint"], weights_only=False)["global_step"] == 13
+    assert torch.load(metrics["checkpoint"], weights_only=True)["global_step"] == 13
 
 
 def test_checkpoint_describes_model_and_gates(smoke_run):
     out, metrics = smoke_run
-    ckpt = torch.load(metrics["checkpoint"], map_location="cpu", weights_only=False)
+    ckpt = torch.load(metrics["checkpoint"], map_location="cpu", weights_only=True)
     assert ckpt["hf_config"]["model_type"] == "mbart"
     assert ckpt["gate_kinds"] == ["encoder", "decoder", "cross"]
     assert ckpt["gate_options"]["temperature"] == 0.33

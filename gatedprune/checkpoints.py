@@ -1,0 +1,96 @@
+"""The checkpoint of a gated run: what it holds beyond Lightning's own keys, and how it is read back.
+
+A checkpoint is a pickle. It is only ever read with ``torch.load(weights_only=True)``, which unpickles tensors
+and plain containers and refuses anything else, so a file handed to us by someone else cannot run code. That is
+why everything written here is plain data: the model config as a dict, the gate options as a dict.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+GATED_CHECKPOINT_KEYS = ("state_dict", "hf_config", "gate_kinds", "gate_options")
+# config fields that say nothing about the weights: they may differ between a checkpoint and the run resuming it
+_IGNORED_CONFIG_FIELDS = {"_name_or_path", "transformers_version", "architectures", "dtype", "torch_dtype", "output_attentions"}
+
+
+def describe(module) -> dict:
+    """What ``GatedSeq2Seq.on_save_checkpoint`` adds, so the exporter needs nothing but the file."""
+    return {
+        "hf_config": module.model.config.to_dict(),
+        "generation_config": module.model.generation_config.to_dict(),
+        "gate_options": asdict(module.pruning.gate_options()),
+        "gate_kinds": list(module.pruning.kinds),
+    }
+
+
+def load_checkpoint_file(path: str | Path) -> dict:
+    """A Lightning checkpoint of a gated run, loaded on CPU without running any code from it.
+
+    ``ValueError`` naming the file if it is unreadable, holds objects other than tensors and plain data (a
+    pickle that would run code), or is not a gated run's checkpoint.
+    """
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated, corrupt or unsafe: torch raises several types depending on where it breaks
+        unsafe = re.search(r"GLOBAL (\S+)", str(err))  # what the file asked to import and call
+        if unsafe:
+            raise ValueError(
+                f"{path} asks to load {unsafe.group(1)}, not only tensors and plain data: loading it could run code, "
+                "so it is refused (give a checkpoint written by gatedprune's train.py)"
+            ) from None
+        raise ValueError(f"{path} is not a readable checkpoint ({type(err).__name__}); it may be truncated") from None
+    missing = [key for key in GATED_CHECKPOINT_KEYS if key not in checkpoint]
+    if missing or not any(key.startswith("gates.") for key in checkpoint["state_dict"]):
+        raise ValueError(
+            f"{path} is not a checkpoint of a gated run (missing {missing or ['gates.*']}); "
+            "give a checkpoint written by gatedprune's train.py"
+        )
+    return checkpoint
+
+
+def strip_prefix(state: Mapping[str, torch.Tensor], prefix: str) -> dict:
+    """The entries of a Lightning ``state_dict`` under ``prefix`` ("model." or "gates."), with the prefix removed."""
+    return {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}
+
+
+def config_differences(checkpoint: dict, config: dict) -> list[str]:
+    """``field (checkpoint X, config Y)`` for every model config field that differs, metadata left out."""
+    saved = checkpoint["hf_config"]
+    fields = sorted((saved.keys() | config.keys()) - _IGNORED_CONFIG_FIELDS)
+    return [
+        f"{field} (checkpoint {saved.get(field)!r}, config {config.get(field)!r})"
+        for field in fields
+        if saved.get(field) != config.get(field)
+    ]
+
+
+def check_resumable(path: Path, checkpoint: dict, model: torch.nn.Module, kinds: tuple[str, ...]) -> list[str]:
+    """Refuse (``ValueError``) a checkpoint whose weights or gates do not fit ``model`` gated on ``kinds``.
+
+    Returns the config fields that differ without changing any shape (dropout, say): the run may go on with them.
+    """
+    if list(checkpoint["gate_kinds"]) != list(kinds):
+        raise ValueError(
+            f"resume: {path} gates {list(checkpoint['gate_kinds'])} but pruning.kinds is {list(kinds)}; "
+            "resume with the settings that wrote it"
+        )
+    differences = config_differences(checkpoint, model.config.to_dict())
+    saved = strip_prefix(checkpoint["state_dict"], "model.")
+    ours = model.state_dict()
+    mismatched = sorted(
+        name for name in saved.keys() | ours.keys()
+        if name not in saved or name not in ours or saved[name].shape != ours[name].shape
+    )
+    if mismatched:
+        what = "; ".join(differences) if differences else f"weights {mismatched[:3]}"
+        raise ValueError(
+            f"resume: {path} holds a different model than the one configured: {what}; "
+            "resume with the model and data settings that wrote it"
+        )
+    return differences

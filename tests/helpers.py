@@ -1,0 +1,41 @@
+"""What several test modules need: the offline environment and `train.py` run as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def offline_env(**extra: str) -> dict[str, str]:
+    """This process's environment, offline, unbuffered, without the debug switch that shows tracebacks."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **extra}
+    env.pop("GATEDPRUNE_DEBUG", None)
+    return env
+
+
+def run_train(run_dir: Path, *overrides: str, cwd: Path | None = None, timeout: int = 300, prefix=()) -> subprocess.CompletedProcess:
+    """``python train.py experiment=smoke hydra.run.dir=<run_dir> <overrides>`` to its end.
+
+    ``prefix``: Python statements run before train.py (as ``python -c``), e.g. to break something on purpose.
+    """
+    args = ["experiment=smoke", f"hydra.run.dir={run_dir}", *overrides]
+    if prefix:
+        script = "; ".join([*prefix, "import runpy, sys", f"sys.argv = {[str(ROOT / 'train.py'), *args]!r}",
+                            f"runpy.run_path({str(ROOT / 'train.py')!r}, run_name='__main__')"])
+        command = [sys.executable, "-c", script]
+    else:
+        command = [sys.executable, str(ROOT / "train.py"), *args]
+    return subprocess.run(command, capture_output=True, text=True, env=offline_env(), cwd=cwd or run_dir.parent,
+                          timeout=timeout)
+
+
+def error_line(proc: subprocess.CompletedProcess) -> str:
+    """The one line a refused or failed command prints on stderr, ``error: ...``."""
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return errors[0]
