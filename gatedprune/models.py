@@ -60,10 +60,9 @@ def _load_pretrained(name_or_path: str, tokenizer: PreTrainedTokenizerBase, attn
             f"model.name_or_path={name_or_path!r} is a {config.model_type!r} model; supported model types: "
             f"{', '.join(sorted(ADAPTERS))}"
         )
-    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(name_or_path, attn_implementation=attn_implementation)
-    if len(tokenizer) > model.config.vocab_size:
+    if len(tokenizer) > config.vocab_size:  # checked on the config, before any weights are read
         raise ValueError(
             f"tokenizer has {len(tokenizer)} tokens but model {name_or_path!r} has a vocabulary of "
-            f"{model.config.vocab_size}; use the model's own tokenizer"
+            f"{config.vocab_size}; use the model's own tokenizer"
         )
-    return model
+    return transformers.AutoModelForSeq2SeqLM.from_pretrained(name_or_path, attn_implementation=attn_implementation)

@@ -28,8 +28,8 @@ def _run(tmp_path, *overrides, flags=()):
 
 def _assert_refused(proc, run_dir, *fragments):
     assert proc.returncode == 2, proc.stderr[-3000:]
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, proc.stderr[-3000:]
+    errors = proc.stderr.strip().splitlines()  # nothing else: set-up chatter comes after validation
+    assert len(errors) == 1 and errors[0].startswith("error: "), proc.stderr[-3000:]
     for fragment in fragments:
         assert fragment in errors[0], errors[0]
     assert "Traceback" not in proc.stderr
@@ -63,6 +63,12 @@ def test_missing_language_columns_are_named(tmp_path):
         ("data.bible_tgt=zz", ["unknown bible translation code 'zz'"]),
         ("optim.lr=0", ["optim.lr=0", "allowed: a number > 0"]),
         ("resume=/no/such/run", ["resume='/no/such/run': no checkpoint at"]),
+        ("pruning.l0_lambda=inf", ["pruning.l0_lambda=inf is not a finite number"]),
+        ("pruning.l0_lambda=nan", ["pruning.l0_lambda=nan is not a finite number"]),
+        ("optim.lr=fast", ["optim.lr='fast' is not a number"]),
+        ("pruning.l0_lamda=0.1", ["Could not override 'pruning.l0_lamda': Key 'l0_lamda' is not in struct",
+                                  "+pruning.l0_lamda=0.1"]),
+        ("pruning=l1", ["Could not find 'pruning/l1'", "Available options in 'pruning': l0"]),
     ],
 )
 def test_bad_config_values(tmp_path, override, fragments):
@@ -88,7 +94,7 @@ def test_unknown_split_of_a_local_dataset(tmp_path):
 
 def test_unsupported_model_class(tmp_path):
     model_dir = tmp_path / "gpt2"
-    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=500)).save_pretrained(model_dir)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=500, bos_token_id=0, eos_token_id=0)).save_pretrained(model_dir)
     tokenizer_dir = tmp_path / "tok"
     _trained_tokenizer(tmp_path).save_pretrained(tokenizer_dir)
     proc, run_dir = _run(tmp_path, "model=pretrained", f"model.name_or_path={model_dir}",
@@ -143,3 +149,9 @@ def test_resume_from_a_truncated_checkpoint_is_refused(tmp_path):
     (run / "checkpoints" / "last.ckpt").write_bytes(b"garbage")
     proc, run_dir = _run(tmp_path, f"resume={run}")
     _assert_refused(proc, run_dir, "is not a readable checkpoint")
+
+
+def test_an_empty_model_directory_is_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    proc, run_dir = _run(tmp_path, "model=pretrained", f"model.name_or_path={tmp_path / 'empty'}")
+    _assert_refused(proc, run_dir, "the directory holds no tokenizer files")
