@@ -90,3 +90,39 @@ def run_hydra_app(app: Callable[[], object]) -> None:
         cause = f": {one_line(str(err.__cause__)).split('; ')[0]}" if err.__cause__ is not None else ""
         sys.exit(fail(first.rstrip(".") + cause + (f" ({'; '.join(advice)})" if advice else ""), 2))
 
+
+
+def version() -> str:
+    """The installed gatedprune's version, from the package metadata ("unknown" when run from a bare clone)."""
+    from importlib.metadata import PackageNotFoundError, version as installed
+
+    try:
+        return installed("gatedprune")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def train_command() -> None:
+    """``gatedprune-train``, ``python -m gatedprune.train`` and a clone's ``python train.py``: one Hydra app.
+
+    Its configs are the package's own (``gatedprune/conf``); a user's configs extend them with Hydra's
+    ``--config-dir DIR`` (searched first). Runs write under the working directory (``outputs/``, ``multirun/``).
+    """
+    import hydra
+    from omegaconf import DictConfig
+
+    from gatedprune.train import set_offline_defaults, train
+
+    if sys.argv[1:] == ["--version"]:
+        print(f"gatedprune {version()}")
+        return
+
+    @hydra.main(version_base="1.3", config_path="conf", config_name="train")
+    def main(cfg: DictConfig) -> float | None:
+        with reported_errors():  # bad input: `error: ...`, exit 2; a run that diverged or did not verify: exit 1
+            metrics = train(cfg)
+        # Hydra sweepers optimise the returned value; DDP processes other than rank 0 report nothing
+        return float(metrics[cfg.optimized_metric]) if metrics else None
+
+    set_offline_defaults()
+    run_hydra_app(main)

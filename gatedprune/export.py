@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.metadata
 import json
 import logging
 import os
@@ -31,7 +30,7 @@ from gatedprune.adapters import ATTENTION_KINDS, attention_sites
 from gatedprune.gating import HeadGates, attach_gates
 from gatedprune.remote_modeling import CONFIG_KEY
 from gatedprune.checkpoints import load_checkpoint_file, strip_prefix
-from gatedprune.cli import RunFailed, run_reported
+from gatedprune.cli import RunFailed, run_reported, version
 from gatedprune.surgery import (
     count_parameters,
     family_class,
@@ -262,11 +261,7 @@ def _weights_size(directory: Path) -> int:
 
 
 def _versions() -> dict[str, str]:
-    try:
-        ours = importlib.metadata.version("gatedprune")
-    except importlib.metadata.PackageNotFoundError:
-        ours = "unknown"
-    return {"gatedprune": ours, "transformers": transformers.__version__, "torch": torch.__version__}
+    return {"gatedprune": version(), "transformers": transformers.__version__, "torch": torch.__version__}
 
 
 def _write_model(model: transformers.PreTrainedModel, directory: Path, tokenizer=None) -> None:

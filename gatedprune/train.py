@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 
 from gatedprune import rundir
 from gatedprune.checkpoints import check_resumable, load_checkpoint_file
-from gatedprune.cli import BAD_INPUT, one_line
+from gatedprune.cli import BAD_INPUT, one_line, version
 from gatedprune.export import check_out_dir, export_gated
 from gatedprune.module import GatedSeq2Seq
 from gatedprune.sweep import budget_objective
@@ -174,6 +174,7 @@ def _fit_and_report(
         "sacrebleu_signature": module.signature,
         "seed": cfg.seed,
         "versions": {
+            "gatedprune": version(),
             "python": platform.python_version(),
             "torch": torch.__version__,
             "transformers": transformers.__version__,
@@ -265,3 +266,9 @@ def set_offline_defaults() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+if __name__ == "__main__":  # python -m gatedprune.train [overrides]
+    from gatedprune.cli import train_command
+
+    train_command()
