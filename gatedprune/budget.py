@@ -76,6 +76,12 @@ class HeadBudget(nn.Module):
             [torch.stack([gates[i].p_open().sum() for i in sites]).sum() / n for sites, n in zip(self.sites, self.heads)]
         )
 
+    @torch.no_grad()
+    def report(self) -> dict[str, dict[str, float]]:
+        """Per group: the target head count and the expected number of open heads now (how far training got)."""
+        expected = self.expected_fraction().cpu() * torch.tensor(self.heads, dtype=torch.float32)
+        return {g: {"target": self.targets[g], "expected_open": e.item()} for g, e in zip(self.groups, expected)}
+
     def forward(self, gated_step: int) -> torch.Tensor:
         gap = self.expected_fraction() - self.target_fraction(gated_step).to(self.lambda1.device)  # (G,)
         return (self.lambda1 * gap + self.lambda2 * gap**2).sum()

@@ -317,11 +317,11 @@ def collate_pairs(items: list[tuple], pad_id: int, with_texts: bool) -> dict:
     return batch
 
 
-def _check_split_names(given: dict, name: str) -> None:
+def _check_split_names(given: dict, name: str, required: tuple[str, ...]) -> None:
     unknown = [split for split in given if split not in SPLITS]
     if unknown:
         raise ValueError(f"{name} has an unknown split {unknown[0]!r}; allowed: {list(SPLITS)}")
-    missing = [split for split in ("train", "validation") if split not in given]
+    missing = [split for split in required if split not in given]
     if missing:
         raise ValueError(f"{name} has no entry for split {missing[0]!r}; given: {sorted(given)}")
 
@@ -357,6 +357,8 @@ class TranslationDataModule(lightning.LightningDataModule):
         eval_batch_size: int = 64,
         max_train_pairs: int | None = None,
         max_val_pairs: int | None = None,
+        max_test_pairs: int | None = None,
+        required_splits: tuple[str, ...] = ("train", "validation"),  # what training needs; evaluation needs less
         num_workers: int = 0,
         seed: int = 1234,
         split_seed: int = 1234,
@@ -375,7 +377,8 @@ class TranslationDataModule(lightning.LightningDataModule):
         self.src_key, self.tgt_key = src_key or src_lang, tgt_key or tgt_lang
         self.tokenizer_path, self.vocab_size, self.tokenizer_dir = tokenizer_path, vocab_size, tokenizer_dir
         self.max_tokens, self.max_length, self.eval_batch_size = max_tokens, max_length, eval_batch_size
-        self.max_train_pairs, self.max_val_pairs = max_train_pairs, max_val_pairs
+        self.max_train_pairs, self.max_val_pairs, self.max_test_pairs = max_train_pairs, max_val_pairs, max_test_pairs
+        self.required_splits = tuple(required_splits)
         self.num_workers, self.seed, self.split_seed = num_workers, seed, split_seed
         self.pairs: dict[str, list[Pair]] | None = None
         self.tokenizer: transformers.PreTrainedTokenizerBase | None = None
@@ -393,18 +396,20 @@ class TranslationDataModule(lightning.LightningDataModule):
         elif self.source == "hf":
             if self.hf_name is None:
                 raise ValueError("source 'hf' needs hf_name (a hub id or a local dataset directory), got None")
-            _check_split_names(self.splits, "splits")
+            _check_split_names(self.splits, "splits", self.required_splits)
             pairs = load_hf_pairs(self.hf_name, self.hf_config, self.splits, self.src_key, self.tgt_key)
         else:
-            _check_split_names(self.files, "files")
+            _check_split_names(self.files, "files", self.required_splits)
             pairs = {
                 split: read_pairs_file(path, self.src_key, self.tgt_key, self.files_header)
                 for split, path in self.files.items()
             }
         for split, split_pairs in pairs.items():
             pairs[split] = drop_empty_pairs(split_pairs, f"split {split!r}")
-        pairs["train"] = pairs["train"][: self.max_train_pairs]
-        pairs["validation"] = pairs["validation"][: self.max_val_pairs]
+        for split, limit in (("train", self.max_train_pairs), ("validation", self.max_val_pairs),
+                             ("test", self.max_test_pairs)):
+            if split in pairs:
+                pairs[split] = pairs[split][:limit]
         for split, split_pairs in pairs.items():
             if not split_pairs:
                 raise ValueError(f"split {split!r} of source {self.source!r} holds no sentence pairs")
@@ -461,18 +466,23 @@ class TranslationDataModule(lightning.LightningDataModule):
                 self.batches[split] = [order[i : i + size] for i in range(0, len(order), size)]
             self.datasets[split] = TokenizedPairs(pairs, src_ids, tgt_ids)
 
-    def _loader(self, split: str) -> DataLoader:
+    def loader(self, split: str, batch_size: int | None = None, shard: bool = True) -> DataLoader:
+        """The batches of ``split``; evaluation splits in ``batch_size`` sentences (default ``eval_batch_size``).
+
+        Under DDP (``shard``) each process reads its own share: training batches by EpochShuffle, evaluation pairs
+        round-robin (every process gets some as long as there are as many pairs as processes).
+        """
+        if split not in self.datasets:
+            raise ValueError(f"source {self.source!r} was given no {split} split; add one to files or splits")
         batches = self.batches[split]
         is_train = split == "train"
-        # under DDP each process reads its own share: training batches by EpochShuffle, evaluation pairs
-        # round-robin (every process gets some as long as there are as many pairs as processes)
-        rank, world_size = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        rank, world_size = (self.trainer.global_rank, self.trainer.world_size) if self.trainer and shard else (0, 1)
         if is_train:
             batch_order = EpochShuffle(len(batches), self.seed, *self._resume_at, rank=rank, world_size=world_size)
         else:
-            if world_size > 1:
-                ours = [i for batch in batches for i in batch][rank::world_size]
-                batches = [ours[i : i + self.eval_batch_size] for i in range(0, len(ours), self.eval_batch_size)]
+            size = batch_size or self.eval_batch_size
+            ours = [i for batch in batches for i in batch][rank::world_size]  # shortest sources first
+            batches = [ours[i : i + size] for i in range(0, len(ours), size)]
             batch_order = range(len(batches))
         return DataLoader(
             self.datasets[split],
@@ -493,12 +503,16 @@ class TranslationDataModule(lightning.LightningDataModule):
         self._resume_at = (state.get("epoch", 0), state.get("train_batches_done_in_epoch", 0))
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train")
+        return self.loader("train")
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader("validation")
+        return self.loader("validation")
 
     def test_dataloader(self) -> DataLoader:
-        if "test" not in self.datasets:
-            raise ValueError(f"source {self.source!r} was given no test split; add one to files or splits")
-        return self._loader("test")
+        return self.loader("test")
+
+    def describe(self) -> dict:
+        """Where the pairs come from and how many each split holds (for reports)."""
+        where = {"bible": f"bible {self.bible_src}->{self.bible_tgt}", "hf": f"hf {self.hf_name} {self.hf_config or ''}",
+                 "files": f"files {self.files}"}[self.source]
+        return {"source": where.strip(), "pairs": {split: len(d) for split, d in (self.datasets or {}).items()}}

@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import lightning as L
-import sacrebleu
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -22,6 +21,7 @@ from gatedprune.budget import HeadBudget, resolve_targets
 from gatedprune.gates import GATE_MODES, GateOptions
 from gatedprune.gating import PENALTY_NORMALISATIONS, attach_gates
 from gatedprune.checkpoints import describe
+from gatedprune.evaluate import GenerationConfig, corpus_scores, generate, score
 from gatedprune.plots import save_gate_heatmap
 from gatedprune.utils import check_numbers
 
@@ -94,20 +94,6 @@ class OptimConfig:
             raise ValueError(f"optim.max_bad_steps={self.max_bad_steps}; allowed: an integer >= 1")
 
 
-@dataclass
-class GenerationConfig:
-    """Decoding used for validation BLEU/chrF."""
-
-    num_beams: int = 1
-    max_new_tokens: int = 96
-    length_factor: float = 1.5  # at most length_factor * source length + 10 new tokens
-    log_examples: int = 3
-    extra: dict = field(default_factory=dict)  # passed to generate() as is
-
-    def __post_init__(self) -> None:
-        check_numbers("generation", self)
-
-
 class GatedSeq2Seq(L.LightningModule):
     def __init__(
         self,
@@ -118,6 +104,7 @@ class GatedSeq2Seq(L.LightningModule):
         generation: GenerationConfig,
         output_dir: str | Path = ".",
         seed: int = 0,
+        test_generation: GenerationConfig | None = None,
     ):
         super().__init__()
         self.model = model
@@ -136,7 +123,9 @@ class GatedSeq2Seq(L.LightningModule):
         self.save_hyperparameters(
             {"pruning": asdict(pruning), "optim": asdict(optim), "generation": asdict(generation)}
         )
+        self.test_generation = test_generation  # decoding of the test split; None: the test split is not scored
         self.dense_metrics: dict = {}  # the last validation of the dense phase, for the final comparison
+        self.dense_test: dict | None = None  # the dense model's test-split score (see score_test)
         self.skipped_steps = 0  # steps skipped for a non-finite loss or gradient, in total
         self._bad_in_a_row = 0
         self._val_hyps: list[str] = []
@@ -202,6 +191,8 @@ class GatedSeq2Seq(L.LightningModule):
         torch.manual_seed(self.seed * 1_000_003 + self.global_step + self.global_rank * 2**40)
 
     def on_train_start(self) -> None:
+        if self.pruning.start_step == 0 and self.global_step == 0 and self.trainer.is_global_zero:
+            self.dense_test = self.score_test("the model the run starts from")
         if self.trainer.ckpt_path:
             log_alpha = torch.cat([g.log_alpha.detach() for g in self.gates.gates])
             print(
@@ -258,14 +249,8 @@ class GatedSeq2Seq(L.LightningModule):
         self._val_hyps += self.translate(batch["input_ids"], batch["attention_mask"])
         self._val_refs += list(batch["tgt_texts"])
 
-    @torch.no_grad()
     def translate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[str]:
-        gen = self.generation
-        max_new = min(gen.max_new_tokens, int(gen.length_factor * input_ids.shape[1]) + 10)
-        out = self.model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, num_beams=gen.num_beams, max_new_tokens=max_new,
-            do_sample=False, **gen.extra,
-        )
+        out = generate(self.model, input_ids, attention_mask, self.generation)
         return self.tokenizer.batch_decode(out, skip_special_tokens=True)
 
     def on_validation_epoch_end(self) -> None:
@@ -277,22 +262,20 @@ class GatedSeq2Seq(L.LightningModule):
             hyps, refs = [h for share, _ in shares for h in share], [r for _, share in shares for r in share]
         if not hyps:
             return
-        bleu = sacrebleu.BLEU()
-        chrf = sacrebleu.CHRF()
-        scores = {
-            "val/bleu": bleu.corpus_score(hyps, [refs]).score,
-            "val/chrf": chrf.corpus_score(hyps, [refs]).score,
-        }
+        corpus = corpus_scores(hyps, refs)
+        scores = {"val/bleu": corpus["bleu"], "val/chrf": corpus["chrf"]}
         alive = self.gates.heads_alive() if self.gates_trained else self.heads_total()
         scores.update({f"val/heads_alive_{k}": float(v) for k, v in alive.items()})
         expected = self.gates.expected_open_per_kind()
         scores.update({"val/expected_open" + ("" if k == "total" else f"_{k}"): v for k, v in expected.items()})
         self.log_dict(scores, prog_bar=False, batch_size=1)
-        self.signature = {"bleu": str(bleu.get_signature()), "chrf": str(chrf.get_signature())}
+        self.signature = corpus["sacrebleu_signature"]
         if not self.trainer.sanity_checking and not self.gates_trained:
             self.dense_metrics = {"step": self.global_step, "bleu": scores["val/bleu"], "chrf": scores["val/chrf"]}
         if self.trainer.sanity_checking or not self.trainer.is_global_zero:
             return
+        if self.global_step == self.pruning.start_step > 0 and self.trainer.state.fn == "fit":
+            self.dense_test = self.score_test("the end of the dense phase")  # the model every fork starts from
         for hyp, ref in list(zip(hyps, refs))[: self.generation.log_examples]:
             print(f"  ref: {ref}\n  hyp: {hyp}")
         png = save_gate_heatmap(
@@ -301,6 +284,23 @@ class GatedSeq2Seq(L.LightningModule):
         for logger in self.loggers:
             if hasattr(logger, "log_image"):  # Weights & Biases
                 logger.log_image("gates/heatmap", [str(png)], step=self.global_step)
+
+    def score_test(self, what: str) -> dict | None:
+        """The test-split score of the model as it is now, gates open (the dense model); None without a test split.
+
+        Rank 0 alone decodes (the other DDP processes wait for it at their next collective).
+        """
+        datamodule = self.trainer.datamodule
+        if self.test_generation is None or "test" not in datamodule.datasets:
+            return None
+        mode, training = self.gates.mode, self.model.training
+        self.gates.set_mode("open")
+        result = score(self.model, self.tokenizer, datamodule.loader("test", self.test_generation.batch_size, shard=False),
+                       self.test_generation)
+        self.gates.set_mode(mode)
+        self.model.train(training)
+        print(f"test split, {what} (step {self.global_step}): BLEU {result['bleu']:.2f}, chrF {result['chrf']:.2f}")
+        return {"step": self.global_step, **result}
 
     def heads_total(self) -> dict[str, int]:
         """Every gated head counted as alive (the dense phase)."""
@@ -317,8 +317,10 @@ class GatedSeq2Seq(L.LightningModule):
             )
         checkpoint.update(describe(self))
         checkpoint["dense_metrics"] = self.dense_metrics
+        checkpoint["dense_test"] = self.dense_test
         checkpoint["skipped_steps"] = self.skipped_steps
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.dense_metrics = checkpoint.get("dense_metrics", {})
+        self.dense_test = checkpoint.get("dense_test")
         self.skipped_steps = checkpoint.get("skipped_steps", 0)

@@ -26,6 +26,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from gatedprune.cli import fail  # noqa: E402
+from gatedprune.report import budget_objective  # noqa: E402,F401  (sweeps optimise it)
 from gatedprune.utils import atomic_write_text, markdown_table  # noqa: E402
 
 KINDS = ("encoder", "decoder", "cross")
@@ -39,16 +40,6 @@ COLUMNS = [
 
 class NoRunsError(ValueError):
     """The directory holds no run to summarise."""
-
-
-def budget_objective(metrics: dict, budget: int | None) -> float:
-    """BLEU if the run keeps at most ``budget`` heads (or no budget is set), else ``budget - heads kept``.
-
-    The penalised value is negative, so every run over budget ranks below every run within it (BLEU >= 0), and
-    among runs over budget the optimiser is pulled towards fewer heads.
-    """
-    alive = metrics["heads_alive"]["total"]
-    return float(metrics["bleu"]) if budget is None or alive <= budget else float(budget - alive)
 
 
 def find_run_dirs(root: Path) -> list[Path]:

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import signal
 import sys
 from pathlib import Path
 
 import lightning as L
-import torch
-import transformers
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.types import RunMode
@@ -23,11 +20,13 @@ from omegaconf import DictConfig
 
 from gatedprune import rundir
 from gatedprune.checkpoints import check_resumable, load_checkpoint_file
-from gatedprune.cli import BAD_INPUT, one_line, version
+from gatedprune.cli import BAD_INPUT, one_line
 from gatedprune.export import check_out_dir, export_gated
+from gatedprune.evaluate import score
 from gatedprune.module import GatedSeq2Seq
-from gatedprune.sweep import budget_objective
-from gatedprune.utils import atomic_write_text, format_table, write_json
+from gatedprune.report import final_table, run_metrics
+from gatedprune.surgery import load_pruned
+from gatedprune.utils import atomic_write_text, write_json
 
 
 
@@ -107,12 +106,27 @@ def _check_ddp_launch(cfg: DictConfig) -> None:
         )
 
 
+def _check_budget_schedule(pruning, max_steps: int | None) -> None:
+    """A head budget whose target ramp is longer than the gated phase is never reached: refuse it."""
+    if pruning.target_heads is None or not max_steps or max_steps < 0:
+        return
+    gated_steps = max_steps - pruning.start_step
+    if pruning.target_warmup_steps > gated_steps:
+        raise ValueError(
+            f"pruning.target_warmup_steps={pruning.target_warmup_steps} is longer than the gated phase "
+            f"({gated_steps} steps: trainer.max_steps={max_steps} - pruning.start_step={pruning.start_step}), so "
+            f"the head budget would never be reached; allowed: at most {gated_steps}"
+        )
+
+
 def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
     # validate the cheap parts first, so bad input fails before anything heavy runs
     _check_ddp_launch(cfg)
     pruning = _instantiate(cfg.pruning)
     optim = _instantiate(cfg.optim)
     generation = _instantiate(cfg.generation)
+    test_generation = _instantiate(cfg.test_generation)
+    _check_budget_schedule(pruning, cfg.trainer.get("max_steps"))
     if cfg.export.enabled:
         check_out_dir(Path(cfg.export.out_dir), protected=[run_dir])
     checkpoint = resume_checkpoint(cfg.resume, run_dir)
@@ -132,7 +146,8 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
         for field in check_resumable(checkpoint, saved, model, pruning.kinds):
             print(f"warning: resuming with a model config field changed: {field}")
         del saved
-    module = GatedSeq2Seq(model, tokenizer, pruning, optim, generation, output_dir=run_dir, seed=cfg.seed)
+    module = GatedSeq2Seq(model, tokenizer, pruning, optim, generation, output_dir=run_dir, seed=cfg.seed,
+                          test_generation=test_generation)
     datamodule.setup("fit")  # tokenises, and refuses a training set that length filtering emptied
 
     loggers = [instantiate(c) for c in cfg.logger.values()]
@@ -148,58 +163,40 @@ def _fit_and_report(
         print(f"resuming from {checkpoint}")
     # weights_only: Lightning unpickles only tensors and plain data, so a checkpoint cannot run code on resume
     trainer.fit(module, datamodule=datamodule, ckpt_path=checkpoint, weights_only=True)
-    final = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
+    final = trainer.validate(module, datamodule=datamodule, verbose=False)[0]  # the gated model
     if not trainer.is_global_zero:
         return {}
 
-    pruning, model, tokenizer = module.pruning, module.model, module.tokenizer
-    gated = module.gates_trained  # False for a run that ended before pruning.start_step: a dense baseline
-    metrics = {
-        "method": "gated" if gated else "dense",
-        "bleu": final["val/bleu"],
-        "chrf": final["val/chrf"],
-        "val_loss": final["val/loss"],
-        "heads_total": module.heads_total()["total"],
-        "heads_alive": module.gates.heads_alive(),
-        "expected_open": final["val/expected_open"],
-        "l0_lambda": pruning.l0_lambda if gated else None,
-        "penalty_normalisation": pruning.penalty_normalisation,
-        "target_heads": module.budget.targets if module.budget is not None else None,
-        "params": sum(p.numel() for p in model.parameters()),
-        "checkpoint": str(run_dir / "checkpoints" / "last.ckpt"),
-        "dense": module.dense_metrics,
-        "steps": trainer.global_step,
-        "skipped_steps": module.skipped_steps,
-        "plan": module.gates.plan(),
-        "sacrebleu_signature": module.signature,
-        "seed": cfg.seed,
-        "versions": {
-            "gatedprune": version(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "lightning": L.__version__,
-        },
-    }
-    metrics["bleu_under_budget"] = budget_objective(metrics, cfg.get("head_budget"))
     val_pairs = datamodule.pairs["validation"][: cfg.export.samples]
     atomic_write_text(
         run_dir / "val_pairs.jsonl", "".join(json.dumps({"source": s, "target": t}) + "\n" for s, t in val_pairs)
     )
-    write_json(run_dir / "metrics.json", metrics)
+    report = dict(seed=cfg.seed, checkpoint=str(run_dir / "checkpoints" / "last.ckpt"), head_budget=cfg.get("head_budget"))
+    write_json(run_dir / "metrics.json", run_metrics(module, trainer, final, **report))  # in case export fails
+    test = {"dense": module.dense_test} if module.dense_test is not None else {}
+    if not module.gates_trained:  # a dense baseline: its final model is the dense model
+        test = {"dense": module.score_test("the end of the run")}
+    export = exported = None
     if cfg.export.enabled:
         # a head budget is met exactly by the top-k rule, per budget group
-        rule, top_k = ("top-k", metrics["target_heads"]) if module.budget is not None else (cfg.export.rule, cfg.export.top_k)
-        report = export_gated(model, module.gates, cfg.export.out_dir, tokenizer, rule=rule, top_k=top_k, sample_inputs=val_pairs)
-        metrics["export"] = {
-            "dir": str(cfg.export.out_dir),
-            "rule": report.get("rule", rule),
-            "heads_kept": report.get("heads_kept"),
-            "params": report["params_after"],
-            "verification": report["verification"],
-        }
-        write_json(run_dir / "metrics.json", metrics)
-    print(final_table(metrics, module.heads_total()))
+        rule, top_k = ("top-k", module.budget.targets) if module.budget is not None else (cfg.export.rule, cfg.export.top_k)
+        export = export_gated(module.model, module.gates, cfg.export.out_dir, module.tokenizer, rule=rule,
+                              top_k=top_k, sample_inputs=val_pairs)
+        export["dir"] = str(cfg.export.out_dir)
+        # the numbers users will see for the model they ship: reloaded from its directory, as they will load it
+        pruned = load_pruned(cfg.export.out_dir).to(module.device)
+        exported = score(pruned, module.tokenizer, datamodule.loader("validation", shard=False), module.generation)
+        if module.gates_trained and "test" in datamodule.datasets:
+            test["pruned"] = score(pruned, module.tokenizer, datamodule.loader("test", module.test_generation.batch_size,
+                                                                               shard=False), module.test_generation)
+    elif module.gates_trained and "test" in datamodule.datasets:
+        module.gates.set_mode(module._eval_gate_mode())
+        test["gated"] = score(module.model, module.tokenizer, datamodule.loader(
+            "test", module.test_generation.batch_size, shard=False), module.test_generation)
+    test = {k: v for k, v in test.items() if v is not None}
+    metrics = run_metrics(module, trainer, final, **report, export=export, exported=exported, test=test or None)
+    write_json(run_dir / "metrics.json", metrics)
+    print(final_table(metrics))
     return metrics
 
 
@@ -225,39 +222,6 @@ def resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
         print(f"this run directory has its own {own}: continuing from it rather than from {checkpoint}")
         return own
     return checkpoint
-
-
-def final_table(metrics: dict, heads_total: dict) -> str:
-    """Dense phase beside the gated result: BLEU, chrF, heads alive per kind, parameters; then where things are."""
-    dense = metrics["dense"] if metrics["method"] == "gated" else {}  # a dense run is its own dense column
-    export = metrics.get("export")
-    final = f"{metrics['method']} (step {metrics['steps']})"
-    columns = ([f"dense (step {dense['step']})"] if dense else []) + [final]
-
-    def row(name: str, dense_value: str, final_value: str) -> tuple:
-        return (name, dense_value, final_value) if dense else (name, final_value)
-
-    rows = [
-        row("validation BLEU", f"{dense.get('bleu', 0):.2f}", f"{metrics['bleu']:.2f}"),
-        row("validation chrF", f"{dense.get('chrf', 0):.2f}", f"{metrics['chrf']:.2f}"),
-    ]
-    for kind, total in heads_total.items():
-        rows.append(row(f"heads alive: {kind}", f"{total} / {total}", f"{metrics['heads_alive'].get(kind, total)} / {total}"))
-    rows.append(row("parameters", f"{metrics['params']:,}", f"{export['params']:,}" if export else "(not exported)"))
-    table = format_table(["", *columns], rows)
-    notes = [
-        f"expected open heads {metrics['expected_open']:.1f}; l0_lambda {metrics['l0_lambda']} "
-        f"({metrics['penalty_normalisation']}); target heads {metrics['target_heads']}",
-        f"checkpoint: {metrics['checkpoint']}",
-        f"sacreBLEU: {metrics['sacrebleu_signature']['bleu']}",
-    ]
-    if export:
-        check = export["verification"]
-        notes.append(
-            f"pruned model: {export['dir']} (max |logit diff| vs gated {check['max_abs_logit_diff']:.1e}, "
-            f"greedy identical: {check['greedy_identical']})"
-        )
-    return table + "\n" + "\n".join(notes)
 
 
 def set_offline_defaults() -> None:

@@ -1,0 +1,212 @@
+"""Score a seq2seq model on a split: sacreBLEU BLEU and chrF, loss, the decoding used and how fast it ran.
+
+The trainer scores validation, the dense model and the exported model with it; ``gatedprune-evaluate`` scores any
+Hugging Face seq2seq directory, pruned by gatedprune or not, on a split of any data source the trainer accepts:
+
+    gatedprune-evaluate MODEL_DIR [--split test] [--num-beams N] [--batch-size N] [data overrides ...]
+
+e.g. ``gatedprune-evaluate outputs/<date>/<time>/pruned --num-beams 4`` (the Bible test split) or
+``gatedprune-evaluate my-model data=files data.files.train=train.tsv data.files.validation=dev.tsv
+data.files.test=test.tsv``. It prints a table and writes ``eval.json`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import sacrebleu
+import torch
+import torch.nn.functional as F
+
+from gatedprune.utils import check_numbers
+
+
+@dataclass
+class GenerationConfig:
+    """Decoding for BLEU/chrF: validation (``generation``) and the test split (``test_generation``)."""
+
+    num_beams: int = 1
+    max_new_tokens: int = 96
+    length_factor: float = 1.5  # at most length_factor * source length + 10 new tokens
+    log_examples: int = 3
+    batch_size: int | None = None  # sentences per batch; None: data.eval_batch_size
+    extra: dict = field(default_factory=dict)  # passed to generate() as is
+
+    def __post_init__(self) -> None:
+        check_numbers("generation", self)
+        if self.num_beams < 1 or (self.batch_size is not None and self.batch_size < 1):
+            raise ValueError(f"generation num_beams={self.num_beams}, batch_size={self.batch_size}; allowed: >= 1")
+
+    def describe(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "log_examples"}
+
+
+@torch.no_grad()
+def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, gen: GenerationConfig) -> torch.Tensor:
+    """Token ids of the translations, deterministic (greedy or beam).  # (B, T)"""
+    max_new = min(gen.max_new_tokens, int(gen.length_factor * input_ids.shape[1]) + 10)
+    return model.generate(
+        input_ids=input_ids, attention_mask=attention_mask, num_beams=gen.num_beams, max_new_tokens=max_new,
+        do_sample=False, **gen.extra,
+    )
+
+
+def corpus_scores(hyps: list[str], refs: list[str]) -> dict:
+    """sacreBLEU BLEU and chrF of a whole split, with their signatures."""
+    bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
+    return {
+        "bleu": bleu.corpus_score(hyps, [refs]).score,
+        "chrf": chrf.corpus_score(hyps, [refs]).score,
+        "sacrebleu_signature": {"bleu": str(bleu.get_signature()), "chrf": str(chrf.get_signature())},
+    }
+
+
+def _loss_sum(model, batch: dict) -> tuple[float, int]:
+    """Summed token cross-entropy (no label smoothing) and the number of target tokens."""
+    labels = batch["labels"]  # (B, T), -100 on padding
+    shift = getattr(model, "prepare_decoder_input_ids_from_labels", None)
+    targets = {"decoder_input_ids": shift(labels=labels)} if shift is not None else {"labels": labels}
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **targets).logits  # (B, T, V)
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum")
+    return loss.item(), int((labels != -100).sum())
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10  # the process's peak resident set (KiB)
+
+
+@torch.no_grad()
+def score(model, tokenizer, batches: Iterable[dict], gen: GenerationConfig) -> dict:
+    """BLEU, chrF and loss of ``model`` on ``batches`` (with ``tgt_texts``), decoded by ``gen``, and its speed.
+
+    Speed counts the decoding alone: sentences and generated tokens per second of ``generate``.
+    """
+    model.eval()
+    device = next(model.parameters()).device
+    hyps, refs, loss, tokens, generated, seconds = [], [], 0.0, 0, 0, 0.0
+    for batch in batches:
+        batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+        batch_loss, batch_tokens = _loss_sum(model, batch)
+        loss, tokens = loss + batch_loss, tokens + batch_tokens
+        start = time.perf_counter()
+        out = generate(model, batch["input_ids"], batch["attention_mask"], gen)  # (B, T)
+        seconds += time.perf_counter() - start
+        generated += int((out[:, 1:] != tokenizer.pad_token_id).sum())  # the start token is given, not generated
+        hyps += tokenizer.batch_decode(out, skip_special_tokens=True)
+        refs += list(batch["tgt_texts"])
+    if not hyps:
+        raise ValueError("nothing to score: the split holds no sentence pairs")
+    return {
+        **corpus_scores(hyps, refs),
+        "loss": loss / max(tokens, 1),
+        "sentences": len(hyps),
+        "decoding": gen.describe(),
+        "seconds": seconds,
+        "sentences_per_s": len(hyps) / seconds,
+        "tokens_per_s": generated / seconds,
+        "peak_memory_mb": _peak_memory_mb(device),
+        "examples": [{"reference": r, "hypothesis": h} for h, r in list(zip(hyps, refs))[: gen.log_examples]],
+    }
+
+
+def score_table(columns: dict[str, dict]) -> str:
+    """Scores side by side: one column per model (or split)."""
+    from gatedprune.utils import format_table
+
+    rows = [
+        ("BLEU", *(f"{c['bleu']:.2f}" for c in columns.values())),
+        ("chrF", *(f"{c['chrf']:.2f}" for c in columns.values())),
+        ("loss", *(f"{c['loss']:.3f}" for c in columns.values())),
+        ("sentences", *(c["sentences"] for c in columns.values())),
+        ("sentences/s", *(f"{c['sentences_per_s']:.1f}" for c in columns.values())),
+        ("tokens/s", *(f"{c['tokens_per_s']:.0f}" for c in columns.values())),
+    ]
+    return format_table(["", *columns], rows)
+
+
+# --- gatedprune-evaluate ---------------------------------------------------------------------------------------
+
+
+def load_seq2seq(model_dir: str | Path):
+    """A pruned export (``load_pruned``) or any Hugging Face seq2seq directory; ``ValueError`` for anything else."""
+    import transformers
+
+    from gatedprune.remote_modeling import CONFIG_KEY
+    from gatedprune.surgery import load_pruned
+
+    path = Path(model_dir)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{model_dir} is not a model directory (no config.json)")
+    config = transformers.AutoConfig.from_pretrained(path)
+    if getattr(config, CONFIG_KEY, None) is not None:
+        return load_pruned(path)
+    if type(config) not in transformers.AutoModelForSeq2SeqLM._model_mapping:
+        raise ValueError(f"{model_dir} holds a {config.model_type!r} model, not a sequence-to-sequence one")
+    return transformers.AutoModelForSeq2SeqLM.from_pretrained(path)
+
+
+def evaluate_dir(model_dir: str | Path, split: str = "test", overrides: Sequence[str] = (),
+                 num_beams: int | None = None, batch_size: int | None = None) -> dict:
+    """Score the model in ``model_dir`` on ``split`` of the data the trainer's config (with ``overrides``) names.
+
+    The model's own tokenizer (in ``model_dir``) tokenises the data; decoding is the trainer's test decoding
+    (``test_generation``), with ``num_beams`` and ``batch_size`` if given.
+    """
+    from hydra import compose, initialize_config_module
+    from hydra.utils import instantiate
+
+    with initialize_config_module("gatedprune.conf", version_base="1.3"):
+        cfg = compose("train", overrides=[*overrides, "paths.output_dir=."])
+    gen = instantiate(cfg.test_generation, _convert_="all")
+    if num_beams is not None or batch_size is not None:
+        gen = GenerationConfig(**{**asdict(gen), **({"num_beams": num_beams} if num_beams else {}),
+                                  **({"batch_size": batch_size} if batch_size else {})})
+    if split not in ("train", "validation", "test"):
+        raise ValueError(f"--split {split!r}; allowed: train, validation, test")
+    model = load_seq2seq(model_dir)
+    data = instantiate(cfg.data, tokenizer_path=str(model_dir), required_splits=[split], _convert_="all")
+    tokenizer = data.prepare_tokenizer()  # the model's own
+    data.setup("test")
+    if split not in data.datasets:
+        raise ValueError(f"data source {data.source!r} has no {split!r} split; give one (e.g. data.files.{split}=...)")
+    result = score(model, tokenizer, data.loader(split, gen.batch_size, shard=False), gen)
+    return {"model": str(model_dir), "split": split, "data": data.describe(), **result}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from gatedprune.cli import run_reported
+    from gatedprune.utils import write_json
+
+    parser = argparse.ArgumentParser(
+        prog="gatedprune-evaluate",
+        description="BLEU, chrF, loss and speed of a seq2seq model directory on a split of the trainer's data.",
+    )
+    parser.add_argument("model_dir", help="a Hugging Face seq2seq directory (a gatedprune export or any other)")
+    parser.add_argument("overrides", nargs="*", help="the trainer's data options, e.g. data=files data.files.test=t.tsv")
+    parser.add_argument("--split", default="test", help="train, validation or test (default test)")
+    parser.add_argument("--num-beams", type=int, default=None, help="beam size (default: test_generation's, 1)")
+    parser.add_argument("--batch-size", type=int, default=None, help="sentences per batch (default: the data's)")
+    parser.add_argument("--out", default=None, help="where to write the scores (default MODEL_DIR/eval.json)")
+    args = parser.parse_intermixed_args(argv)  # options and data overrides in any order
+
+    def run() -> None:
+        result = evaluate_dir(args.model_dir, args.split, args.overrides, args.num_beams, args.batch_size)
+        out = Path(args.out) if args.out else Path(args.model_dir) / "eval.json"
+        write_json(out, result)
+        print(score_table({f"{args.split} ({result['sentences']} sentences)": result}))
+        print(f"sacreBLEU: {result['sacrebleu_signature']['bleu']}\nwrote {out}")
+
+    return run_reported(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""What a finished run reports: ``metrics.json`` and the final table.
+
+The top-level numbers (``bleu``, ``chrf``, ``val_loss``, ``heads_alive``, ``params``) describe the model a user
+ships: the exported, physically pruned model, reloaded from its directory and scored there. Without an export they
+are the gated model's under ``pruning.eval_gate_mode``, and ``model`` says so. The gated model's own validation
+stays under ``gated``; ``test`` holds the test split of the dense model (end of the dense phase, or the model the
+run started from) beside that of the final model, decoded the same way.
+"""
+
+from __future__ import annotations
+
+import platform
+
+import lightning as L
+import torch
+import transformers
+
+from gatedprune.cli import version
+from gatedprune.utils import format_table
+
+
+def budget_objective(metrics: dict, budget: int | None) -> float:
+    """BLEU if the run keeps at most ``budget`` heads (or no budget is set), else ``budget - heads kept``.
+
+    The penalised value is negative, so every run over budget ranks below every run within it (BLEU >= 0), and
+    among runs over budget the optimiser is pulled towards fewer heads.
+    """
+    alive = metrics["heads_alive"]["total"]
+    return float(metrics["bleu"]) if budget is None or alive <= budget else float(budget - alive)
+
+
+def heads_kept(export_report: dict) -> dict[str, int]:
+    """``{"total", kind...: kept heads}`` of an export report's ``heads_kept`` (``[kept, total]`` pairs)."""
+    return {kind: kept for kind, (kept, _) in export_report["heads_kept"].items()}
+
+
+def export_plan(export_report: dict) -> dict[str, list[int]]:
+    """``{attention module path: kept heads}`` of an export report (its plan is grouped by kind)."""
+    return {path: kept for per_kind in export_report["plan"].values() for path, kept in per_kind.items()}
+
+
+def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoint: str, head_budget: int | None,
+                export: dict | None = None, exported: dict | None = None, test: dict | None = None) -> dict:
+    """metrics.json of a finished run.
+
+    ``final``: the gated model's last validation (Lightning's logged values); ``export``: the exporter's report;
+    ``exported``: the exported model's validation score; ``test``: ``{"dense": score, "pruned" | "gated": score}``.
+    """
+    pruning, gates = module.pruning, module.gates
+    gated = module.gates_trained  # False for a run that ended before pruning.start_step: a dense baseline
+    gated_numbers = {
+        "bleu": final["val/bleu"], "chrf": final["val/chrf"], "val_loss": final["val/loss"],
+        "heads_alive": gates.heads_alive() if gated else module.heads_total(),
+        "expected_open": final["val/expected_open"], "gate_mode": module._eval_gate_mode(),
+    }
+    params_before = sum(p.numel() for p in module.model.parameters())
+    if exported is not None:
+        described = {"model": "exported", "bleu": exported["bleu"], "chrf": exported["chrf"],
+                     "val_loss": exported["loss"], "heads_alive": heads_kept(export), "params": export["params_after"],
+                     "plan": export_plan(export)}
+    else:
+        described = {"model": f"gated (pruning.eval_gate_mode={gated_numbers['gate_mode']})" if gated else "dense",
+                     **{k: gated_numbers[k] for k in ("bleu", "chrf", "val_loss", "heads_alive")},
+                     "params": params_before, "plan": gates.plan()}
+    metrics = {
+        "method": "gated" if gated else "dense",
+        **described,
+        "heads_total": module.heads_total()["total"],
+        "heads_per_kind": module.heads_total(),
+        "params_before": params_before,
+        "gated": gated_numbers,
+        "expected_open": final["val/expected_open"],
+        "l0_lambda": pruning.l0_lambda if gated else None,
+        "penalty_normalisation": pruning.penalty_normalisation,
+        "target_heads": module.budget.targets if module.budget is not None else None,
+        "budget": module.budget.report() if module.budget is not None else None,
+        "checkpoint": checkpoint,
+        "dense": module.dense_metrics,
+        "test": test or {"note": "no test split: the data source was given none"},
+        "steps": trainer.global_step,
+        "skipped_steps": module.skipped_steps,
+        "sacrebleu_signature": module.signature,
+        "seed": seed,
+        "versions": {
+            "gatedprune": version(), "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "lightning": L.__version__,
+        },
+    }
+    if export is not None:
+        metrics["export"] = {
+            "dir": export["dir"], "rule": export["rule"], "heads_kept": export["heads_kept"],
+            "params": export["params_after"], "verification": export["verification"],
+        }
+    metrics["bleu_under_budget"] = budget_objective(metrics, head_budget)
+    return metrics
+
+
+def final_table(metrics: dict) -> str:
+    """Dense, gated and exported models side by side: BLEU and chrF (validation, test), heads, parameters."""
+    test = metrics["test"]
+    columns = {}
+    if metrics["method"] == "gated" and metrics["dense"]:
+        columns[f"dense (step {metrics['dense']['step']})"] = {**metrics["dense"], "test": test.get("dense"),
+                                                               "heads_alive": None, "params": metrics["params_before"]}
+    final_test = test.get("pruned") or test.get("gated") if metrics["method"] == "gated" else test.get("dense")
+    gated = metrics["gated"]
+    name = f"{metrics['method']} (step {metrics['steps']})"
+    columns[name] = {**gated, "test": None if "export" in metrics else final_test, "params": metrics["params_before"]}
+    if "export" in metrics:
+        columns["exported"] = {**metrics, "test": final_test}
+
+    def cell(column: dict, key: str, split: str) -> str:
+        source = column if split == "validation" else column["test"]
+        return "-" if source is None else f"{source[key]:.2f}"
+
+    rows = [(f"{split} {label}", *(cell(c, key, split) for c in columns.values()))
+            for split in ("validation", "test") for key, label in (("bleu", "BLEU"), ("chrf", "chrF"))]
+    for kind, total in metrics["heads_per_kind"].items():
+        rows.append((f"heads alive: {kind}", *(f"{(c['heads_alive'] or {}).get(kind, total)} / {total}"
+                                               for c in columns.values())))
+    rows.append(("parameters", *(f"{c['params']:,}" for c in columns.values())))
+    table = format_table(["", *columns], rows)
+    notes = [f"the top-level numbers of metrics.json describe: {metrics['model']}"]
+    if metrics["method"] == "gated":
+        notes.append(f"expected open heads {metrics['expected_open']:.1f}; l0_lambda {metrics['l0_lambda']} "
+                     f"({metrics['penalty_normalisation']}); target heads {metrics['target_heads']}")
+    for group, state in (metrics["budget"] or {}).items():
+        notes.append(f"head budget ({group}): target {state['target']}, expected open heads at the end "
+                     f"{state['expected_open']:.1f}; the export keeps exactly the target (top-k)")
+    if "note" in test:
+        notes.append(test["note"])
+    else:
+        decoding = next(iter(test.values()))["decoding"]
+        notes.append(f"test decoding: {decoding['num_beams']} beam(s), at most {decoding['max_new_tokens']} new tokens")
+    notes += [f"checkpoint: {metrics['checkpoint']}", f"sacreBLEU: {metrics['sacrebleu_signature']['bleu']}"]
+    if "export" in metrics:
+        check = metrics["export"]["verification"]
+        notes.append(f"pruned model: {metrics['export']['dir']} (max |logit diff| vs gated "
+                     f"{check['max_abs_logit_diff']:.1e}, greedy identical: {check['greedy_identical']})")
+    return table + "\n" + "\n".join(notes)
