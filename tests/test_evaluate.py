@@ -127,7 +127,8 @@ def test_evaluate_refuses_bad_input_in_one_line(plain_model, tmp_path):
     transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=50, bos_token_id=0,
                                                          eos_token_id=0)).save_pretrained(gpt2)
     cases = [
-        ([str(tmp_path / "nothing")], "is not a model directory (no config.json)"),
+        ([str(tmp_path / "nothing")], "is neither a model directory nor a cached hub model"),
+        ([str(tmp_path)], "is not a model directory (no config.json)"),
         ([str(plain_model), "--split", "dev"], "--split 'dev'; allowed: train, validation, test"),
         ([str(plain_model), "data=files", "data.files.train=null", "data.files.validation=null"],
          "has no entry for split 'test'"),

@@ -1,0 +1,99 @@
+"""Every command the README shows still works: train commands compose with Hydra (with the README's overrides),
+the other gatedprune commands accept the options the README gives them, and make targets exist.
+
+A command that stops working (a renamed option, a removed preset) fails here, not in a user's terminal.
+"""
+
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from helpers import ROOT, offline_env
+
+TRAIN = ("train.py", "gatedprune-train", "gatedprune.train")
+TOOLS = {"gatedprune-export": "gatedprune.export", "gatedprune-sweep": "gatedprune.sweep",
+         "gatedprune-evaluate": "gatedprune.evaluate"}
+TESTED_ELSEWHERE = ("pip ",)  # building and installing the wheel: tests/test_wheel.py
+
+
+def readme_commands() -> list[str]:
+    """The commands of the README's bash blocks: continuation lines joined, comments and env assignments dropped."""
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    commands = []
+    for block in blocks:
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            words = [w for w in shlex.split(line) if w] if line else []
+            while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):  # HF_HUB_OFFLINE=0 ...
+                words.pop(0)
+            if words:
+                commands.append(shlex.join(words))
+    return commands
+
+
+COMMANDS = readme_commands()
+
+
+def _program(words: list[str]) -> tuple[str, list[str]]:
+    """(what runs, its arguments): "train", a tool's module, "make" or "pip"."""
+    if words[0].endswith("python") and words[1] == "-m":
+        return words[2], words[3:]
+    if words[0].endswith("python"):
+        return words[1], words[2:]
+    return words[0], words[1:]
+
+
+def _first_values(override: str) -> str:
+    """A multirun override (``a=1,2,3``) as its first value; commas inside [] or {} are list items."""
+    key, _, value = override.partition("=")
+    depth, cut = 0, len(value)
+    for i, char in enumerate(value):
+        depth += char in "[{" or -(char in "]}")
+        if char == "," and depth == 0:
+            cut = i
+            break
+    return f"{key}={value[:cut]}"
+
+
+def test_the_readme_shows_commands_of_every_kind():
+    programs = {_program(shlex.split(c))[0] for c in COMMANDS}
+    assert {"make", "train.py", "gatedprune-train", "gatedprune-export", "gatedprune.export", "gatedprune.sweep",
+            "gatedprune-sweep"} <= programs, programs
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_readme_command(command, tmp_path):
+    # placeholders a user fills in (<date>, <run>, ...) as plausible values
+    program, args = _program(shlex.split(re.sub(r"<([\w ]+)>", lambda m: m.group(1).replace(" ", "_"), command)))
+    if command.startswith(TESTED_ELSEWHERE):
+        return
+    if program == "make":
+        targets = re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), flags=re.M)
+        assert args[0] in targets, f"make {args[0]}: no such target in the Makefile"
+    elif program in TRAIN:
+        flags = {"-m", "--multirun"}
+        overrides, skip = [], False
+        for word in args:
+            if skip:
+                skip = False
+            elif word in ("--cfg", "--config-dir", "-cd", "--config-name", "-cn"):
+                skip = True  # a flag with a value: Hydra's own
+            elif word == "--version" or word in flags:
+                continue
+            else:
+                overrides.append(_first_values(word) if "-m" in args else word)
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            cfg = compose("train", overrides=overrides, return_hydra_config=True)
+        assert cfg.pruning is not None and cfg.data is not None
+    else:
+        module = TOOLS.get(program, program)
+        assert module in TOOLS.values(), f"unknown command {program!r} in the README"
+        proc = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True,
+                              env=offline_env(), cwd=tmp_path, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        for option in (a for a in args if a.startswith("--")):
+            assert option in proc.stdout, f"{program} has no option {option}"
