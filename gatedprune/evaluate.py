@@ -68,14 +68,16 @@ def corpus_scores(hyps: list[str], refs: list[str]) -> dict:
     }
 
 
-def _loss_sum(model, batch: dict) -> tuple[float, int]:
-    """Summed token cross-entropy (no label smoothing) and the number of target tokens."""
-    labels = batch["labels"]  # (B, T), -100 on padding
+def token_cross_entropy(model, batch: dict, label_smoothing: float = 0.0, reduction: str = "mean") -> torch.Tensor:
+    """Teacher-forced cross-entropy per target token (``labels``: (B, T), -100 on padding)."""
+    labels = batch["labels"]
+    # decoder inputs as the family's own forward builds them from labels (mBART starts with the EOS it wraps);
+    # building them here spares the cross-entropy the model would compute when given labels
     shift = getattr(model, "prepare_decoder_input_ids_from_labels", None)
     targets = {"decoder_input_ids": shift(labels=labels)} if shift is not None else {"labels": labels}
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **targets).logits  # (B, T, V)
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum")
-    return loss.item(), int((labels != -100).sum())
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
+                           label_smoothing=label_smoothing, reduction=reduction)
 
 
 def _peak_memory_mb(device: torch.device) -> float:
@@ -95,8 +97,8 @@ def score(model, tokenizer, batches: Iterable[dict], gen: GenerationConfig) -> d
     hyps, refs, loss, tokens, generated, seconds = [], [], 0.0, 0, 0, 0.0
     for batch in batches:
         batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-        batch_loss, batch_tokens = _loss_sum(model, batch)
-        loss, tokens = loss + batch_loss, tokens + batch_tokens
+        loss += token_cross_entropy(model, batch, reduction="sum").item()
+        tokens += int((batch["labels"] != -100).sum())
         start = time.perf_counter()
         out = generate(model, batch["input_ids"], batch["attention_mask"], gen)  # (B, T)
         seconds += time.perf_counter() - start

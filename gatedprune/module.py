@@ -8,12 +8,11 @@ open and the penalty is off (the dense phase), so one run can train a baseline a
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gatedprune.adapters import ATTENTION_KINDS, check_kinds
@@ -21,7 +20,7 @@ from gatedprune.budget import HeadBudget, resolve_targets
 from gatedprune.gates import GATE_MODES, GateOptions
 from gatedprune.gating import PENALTY_NORMALISATIONS, attach_gates
 from gatedprune.checkpoints import describe
-from gatedprune.evaluate import GenerationConfig, corpus_scores, generate, score
+from gatedprune.evaluate import GenerationConfig, corpus_scores, generate, score, token_cross_entropy
 from gatedprune.plots import save_gate_heatmap
 from gatedprune.utils import check_numbers
 
@@ -126,6 +125,7 @@ class GatedSeq2Seq(L.LightningModule):
         self.test_generation = test_generation  # decoding of the test split; None: the test split is not scored
         self.dense_metrics: dict = {}  # the last validation of the dense phase, for the final comparison
         self.dense_test: dict | None = None  # the dense model's test-split score (see score_test)
+        self.signature: dict = {}  # sacreBLEU signatures of the last validation
         self.skipped_steps = 0  # steps skipped for a non-finite loss or gradient, in total
         self._bad_in_a_row = 0
         self._val_hyps: list[str] = []
@@ -150,15 +150,7 @@ class GatedSeq2Seq(L.LightningModule):
 
     # ---- training -----------------------------------------------------------------------------------
     def _cross_entropy(self, batch: dict, label_smoothing: float) -> torch.Tensor:
-        labels = batch["labels"]  # (B, T), -100 on padding
-        # decoder inputs as the family's own forward builds them from labels (mBART starts with the EOS it wraps);
-        # building them here spares the cross-entropy the model would compute when given labels
-        shift = getattr(self.model, "prepare_decoder_input_ids_from_labels", None)
-        targets = {"decoder_input_ids": shift(labels=labels)} if shift is not None else {"labels": labels}
-        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **targets).logits
-        return F.cross_entropy(  # logits: (B, T, V)
-            logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, label_smoothing=label_smoothing
-        )
+        return token_cross_entropy(self.model, batch, label_smoothing)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         self.gates.set_mode(self._train_gate_mode())
