@@ -13,7 +13,6 @@ data.files.test=test.tsv``. It prints a table and writes ``eval.json`` (``--out`
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import sys
 import time

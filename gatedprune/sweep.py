@@ -26,7 +26,6 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from gatedprune.cli import fail  # noqa: E402
-from gatedprune.report import budget_objective  # noqa: E402,F401  (sweeps optimise it)
 from gatedprune.utils import atomic_write_text, markdown_table  # noqa: E402
 
 KINDS = ("encoder", "decoder", "cross")

@@ -18,12 +18,13 @@ def offline_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_train(run_dir: Path, *overrides: str, cwd: Path | None = None, timeout: int = 300, prefix=()) -> subprocess.CompletedProcess:
-    """``python train.py experiment=smoke hydra.run.dir=<run_dir> <overrides>`` to its end.
+def run_train(run_dir: Path, *overrides: str, flags=(), cwd: Path | None = None, timeout: int = 300,
+              prefix=()) -> subprocess.CompletedProcess:
+    """``python train.py <flags> experiment=smoke hydra.run.dir=<run_dir> <overrides>`` to its end.
 
     ``prefix``: Python statements run before train.py (as ``python -c``), e.g. to break something on purpose.
     """
-    args = ["experiment=smoke", f"hydra.run.dir={run_dir}", *overrides]
+    args = [*flags, "experiment=smoke", f"hydra.run.dir={run_dir}", *overrides]
     if prefix:
         script = "; ".join([*prefix, "import runpy, sys", f"sys.argv = {[str(ROOT / 'train.py'), *args]!r}",
                             f"runpy.run_path({str(ROOT / 'train.py')!r}, run_name='__main__')"])
@@ -39,3 +40,12 @@ def error_line(proc: subprocess.CompletedProcess) -> str:
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     return errors[0]
+
+
+def compose_train(output_dir: Path | str, *overrides: str, hydra_config: bool = False):
+    """The real conf/ composed as ``python train.py <overrides>`` would, writing into ``output_dir``."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("train", overrides=[f"paths.output_dir={output_dir}", *overrides],
+                       return_hydra_config=hydra_config)

@@ -1,29 +1,21 @@
 """Each kind of bad input: one line naming the value and what is allowed, exit code 2, nothing left on disk."""
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import transformers
 
 from families import tiny_model
+from helpers import ROOT, run_train
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(tmp_path, *overrides, flags=()):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
-    env.pop("GATEDPRUNE_DEBUG", None)
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *flags, "experiment=smoke", f"hydra.run.dir={run_dir}", *overrides],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
-    )
-    return proc, run_dir
+    return run_train(run_dir, *overrides, flags=flags, cwd=tmp_path), run_dir
 
 
 def _assert_refused(proc, run_dir, *fragments):

@@ -4,14 +4,13 @@ import json
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from gatedprune import attach_gates
 from gatedprune.budget import HeadBudget, resolve_targets
 from gatedprune.export import plan_from_gates
 from gatedprune.train import train
 
-from test_train import CONF
+from helpers import compose_train
 
 
 def test_targets_resolve_from_counts_fractions_and_kinds(model_of):
@@ -68,11 +67,8 @@ def test_top_k_rule_keeps_exactly_k_overall_and_per_kind(model_of):
 
 @pytest.mark.parametrize("target", [5, 15])
 def test_target_heads_are_met_exactly_after_training(tmp_path, target):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("train", overrides=[
-            f"paths.output_dir={tmp_path}", "experiment=smoke", f"pruning.target_heads={target}",
-            "trainer.max_steps=60", "pruning.target_warmup_steps=20", "pruning.lagrangian_lr=0.2",
-        ])
+    cfg = compose_train(tmp_path, "experiment=smoke", f"pruning.target_heads={target}", "trainer.max_steps=60",
+                        "pruning.target_warmup_steps=20", "pruning.lagrangian_lr=0.2")
     metrics = train(cfg)
     assert metrics["target_heads"] == {"total": target}
     assert metrics["export"]["heads_kept"]["total"][0] == target

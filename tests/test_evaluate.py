@@ -9,17 +9,11 @@ import pytest
 import sacrebleu
 import torch
 import transformers
-from hydra import compose, initialize_config_dir
 
-from helpers import ROOT, error_line, offline_env
+from helpers import compose_train, error_line, offline_env
 from gatedprune.data import load_bible_pairs, train_unigram_tokenizer
 from gatedprune.evaluate import evaluate_dir, main
 from gatedprune.train import train
-
-
-def _compose(out, *overrides):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose("train", overrides=[f"paths.output_dir={out}", "experiment=smoke", *overrides])
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +29,7 @@ def _write_tsv(path, pairs):
 @pytest.fixture(scope="module")
 def budget_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("budget") / "run"
-    return out, train(_compose(out, "pruning.target_heads=5"))
+    return out, train(compose_train(out, "experiment=smoke", "pruning.target_heads=5"))
 
 
 def test_a_head_budget_run_reports_the_exported_model(budget_run):
@@ -70,9 +64,9 @@ def test_files_with_and_without_a_test_split(tmp_path, pairs):
              for split, part in (("train", pairs[:200]), ("validation", pairs[200:240]), ("test", pairs[240:280]))}
     common = ["data=files", f"data.files.train={files['train']}", f"data.files.validation={files['validation']}",
               "trainer.max_steps=12"]
-    metrics = train(_compose(tmp_path / "with", *common, f"data.files.test={files['test']}"))
+    metrics = train(compose_train(tmp_path / "with", "experiment=smoke", *common, f"data.files.test={files['test']}"))
     assert set(metrics["test"]) == {"dense", "pruned"} and metrics["test"]["pruned"]["sentences"] == 40
-    metrics = train(_compose(tmp_path / "without", *common, "export.enabled=false"))
+    metrics = train(compose_train(tmp_path / "without", "experiment=smoke", *common, "export.enabled=false"))
     assert metrics["test"] == {"note": "no test split: the data source was given none"}
     assert metrics["model"] == "gated (pruning.eval_gate_mode=binary)"
 
@@ -80,7 +74,7 @@ def test_files_with_and_without_a_test_split(tmp_path, pairs):
 def test_a_budget_ramp_longer_than_the_gated_phase_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"pruning.target_warmup_steps=100 is longer than the gated phase \(20 steps: "
                                          r"trainer.max_steps=30 - pruning.start_step=10\)"):
-        train(_compose(tmp_path / "run", "pruning.target_heads=5", "pruning.target_warmup_steps=100"))
+        train(compose_train(tmp_path / "run", "experiment=smoke", "pruning.target_heads=5", "pruning.target_warmup_steps=100"))
     assert not (tmp_path / "run").exists()
 
 

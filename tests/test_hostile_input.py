@@ -7,25 +7,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from families import tiny_model
-from helpers import ROOT, error_line, offline_env, run_train
+from helpers import compose_train, error_line, offline_env, run_train
 from gatedprune import attach_gates, export, rundir
 from gatedprune.data import read_pairs_file
 from gatedprune.module import GatedSeq2Seq, GenerationConfig, OptimConfig, PruningConfig
 from gatedprune.train import train
 from gatedprune.utils import check_numbers, write_json
-
-
-def _compose(out: Path, *overrides: str):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose("train", overrides=[f"paths.output_dir={out}", "experiment=smoke", *overrides])
 
 
 def _strict_json(path: Path):
@@ -38,7 +31,7 @@ def _strict_json(path: Path):
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("finished") / "run"
-    train(_compose(run_dir))
+    train(compose_train(run_dir, "experiment=smoke"))
     return run_dir
 
 
@@ -91,7 +84,7 @@ def test_lightning_resume_loads_weights_only_too(tmp_path, monkeypatch):
     monkeypatch.setattr("gatedprune.train.load_checkpoint_file", lambda path: {})
     monkeypatch.setattr("gatedprune.train.check_resumable", lambda *args: [])
     with pytest.raises(Exception, match="Weights only load failed"):
-        train(_compose(tmp_path / "run", f"resume={checkpoint}"))
+        train(compose_train(tmp_path / "run", "experiment=smoke", f"resume={checkpoint}"))
     assert not marker.exists()
 
 
@@ -191,7 +184,7 @@ def test_export_refuses_to_write_over_its_source(finished_run, tmp_path, capsys)
 
 def test_train_refuses_an_export_directory_that_would_replace_the_run(tmp_path):
     with pytest.raises(ValueError, match="is or contains the source"):
-        train(_compose(tmp_path / "run", f"export.out_dir={tmp_path / 'run'}"))
+        train(compose_train(tmp_path / "run", "experiment=smoke", f"export.out_dir={tmp_path / 'run'}"))
     assert not (tmp_path / "run").exists()
 
 

@@ -1,7 +1,6 @@
 """Runs that survive interruption, skip non-finite steps, and repeat themselves exactly."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,14 +12,14 @@ import torch
 import transformers
 
 from families import tiny_model
+from helpers import ROOT, compose_train, offline_env
 from gatedprune.module import GatedSeq2Seq, GenerationConfig, OptimConfig, PruningConfig
 
-ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ["experiment=smoke", "trainer.max_steps=40", "export.enabled=false"]
 
 
 def _start(run_dir: Path, *overrides: str) -> subprocess.Popen:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    env = offline_env()
     return subprocess.Popen(
         [sys.executable, str(ROOT / "train.py"), *SMOKE, f"hydra.run.dir={run_dir}", *overrides],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=run_dir.parent,
@@ -162,7 +161,7 @@ def test_atomic_write_never_leaves_half_a_file(tmp_path, monkeypatch):
 
 
 def test_resume_from_another_run_dir_and_bad_resume_paths(reference_run, tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+    env = offline_env()
     bad = subprocess.run(
         [sys.executable, str(ROOT / "train.py"), *SMOKE, f"hydra.run.dir={tmp_path / 'x'}", f"resume={tmp_path / 'nope'}"],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
@@ -243,13 +242,9 @@ def test_bf16_autocast_keeps_gates_and_penalty_in_float32(model_of):
 
 
 def test_bf16_mixed_run_keeps_float32_gates(tmp_path):
-    from hydra import compose, initialize_config_dir
-
     from gatedprune.train import train
 
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("train", overrides=[f"paths.output_dir={tmp_path}", "experiment=smoke",
-                                          "trainer.precision=bf16-mixed", "export.enabled=false"])
+    cfg = compose_train(tmp_path, "experiment=smoke", "trainer.precision=bf16-mixed", "export.enabled=false")
     metrics = train(cfg)
     assert metrics["steps"] == 30 and metrics["skipped_steps"] == 0
     state = torch.load(metrics["checkpoint"], map_location="cpu", weights_only=True)["state_dict"]

@@ -2,22 +2,21 @@
 
 import csv
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
 
-from gatedprune.sweep import budget_objective, dense_baseline, main, summarise
+from gatedprune.report import budget_objective
+from gatedprune.sweep import dense_baseline, main, summarise
+from helpers import ROOT, compose_train, offline_env
 
-ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "conf"
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 OUTPUTS = {"summary.csv", "summary.md", "pareto.png"}
 
@@ -171,8 +170,7 @@ def test_budget_objective_is_bleu_within_budget_and_negative_excess_over_it():
 
 
 def _compose(tmp_path, overrides):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("train", overrides=[f"paths.output_dir={tmp_path}", *overrides], return_hydra_config=True)
+    return compose_train(tmp_path, *overrides, hydra_config=True)
 
 
 def test_lambda_sweep_expands_to_five_gated_runs(tmp_path):
@@ -202,8 +200,7 @@ def test_slurm_launcher_preset_composes_and_instantiates_without_submitting(tmp_
 
 
 def test_optuna_runs_two_smoke_trials_and_the_summary_reads_them(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "WANDB_MODE": "offline"}
+    env = offline_env()
     sweep_dir = tmp_path / "sweep"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "train.py"), "-m", "hparams_search=optuna", "experiment=smoke",

@@ -6,33 +6,27 @@ from pathlib import Path
 import pytest
 import torch
 import wandb
-from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from lightning.pytorch.strategies import DDPStrategy
 
 from gatedprune.train import train
+from helpers import ROOT, compose_train
 
-ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-
-
-def _compose(tmp_path, overrides=()):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("train", overrides=[f"paths.output_dir={tmp_path}", *overrides])
 
 
 def test_every_option_of_every_group_composes_and_its_cheap_parts_instantiate(tmp_path):
     for group in ("pruning", "optim", "generation"):
         for option in sorted(p.stem for p in (CONF / group).glob("*.yaml")):
-            cfg = _compose(tmp_path, [f"{group}={option}"])
+            cfg = compose_train(tmp_path, f"{group}={option}")
             instantiate(cfg[group], _convert_="all")
     for option in sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")):
-        _compose(tmp_path, [f"experiment={option}"])
-    cfg = _compose(tmp_path, ["logger=wandb", "trainer=gpu", "data=files", "model=pretrained"])
+        compose_train(tmp_path, f"experiment={option}")
+    cfg = compose_train(tmp_path, "logger=wandb", "trainer=gpu", "data=files", "model=pretrained")
     assert set(cfg.logger) == {"csv", "wandb"} and cfg.data.source == "files"
     for option in sorted(p.stem for p in (CONF / "trainer").glob("*.yaml")):
-        assert _compose(tmp_path, [f"trainer={option}"]).trainer.use_distributed_sampler is False  # data.py shards
-    trainer = instantiate(_compose(tmp_path, ["trainer=ddp_cpu"]).trainer, logger=False, callbacks=[])
+        assert compose_train(tmp_path, f"trainer={option}").trainer.use_distributed_sampler is False  # data.py shards
+    trainer = instantiate(compose_train(tmp_path, "trainer=ddp_cpu").trainer, logger=False, callbacks=[])
     assert isinstance(trainer.strategy, DDPStrategy) and trainer.num_devices == 2
     assert trainer.strategy.process_group_backend == "gloo"
 
@@ -40,7 +34,7 @@ def test_every_option_of_every_group_composes_and_its_cheap_parts_instantiate(tm
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke")
-    metrics = train(_compose(out, ["experiment=smoke"]))
+    metrics = train(compose_train(out, "experiment=smoke"))
     return out, metrics
 
 
@@ -67,8 +61,8 @@ def test_smoke_run_writes_metrics_checkpoint_tokenizer_and_heatmaps(smoke_run):
 
 def test_a_run_that_ends_before_gating_is_a_dense_baseline(tmp_path):
     # the same number of steps as a gated run, without gates: what the sweep plot compares pruning against
-    metrics = train(_compose(tmp_path, ["experiment=smoke", "trainer.max_steps=13", "pruning.start_step=13",
-                                        "export.enabled=false"]))
+    metrics = train(compose_train(tmp_path, "experiment=smoke", "trainer.max_steps=13", "pruning.start_step=13",
+                                        "export.enabled=false"))
     assert metrics["method"] == "dense" and metrics["l0_lambda"] is None and metrics["steps"] == 13
     assert metrics["heads_alive"]["total"] == metrics["heads_total"] == 24
     assert metrics["dense"] == {"step": 13, "bleu": metrics["bleu"], "chrf": metrics["chrf"]}
@@ -105,7 +99,7 @@ def test_penalty_moves_gates_only_after_the_dense_phase(smoke_run):
 def test_wandb_logger_works_offline_with_metrics_and_heatmaps(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    cfg = _compose(tmp_path, ["experiment=smoke", "logger=wandb", "export.enabled=false", "trainer.max_steps=20"])
+    cfg = compose_train(tmp_path, "experiment=smoke", "logger=wandb", "export.enabled=false", "trainer.max_steps=20")
     train(cfg)
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
@@ -115,5 +109,5 @@ def test_wandb_logger_works_offline_with_metrics_and_heatmaps(tmp_path, monkeypa
     # the W&B run ends with the run: the next run in this process (a -m sweep's next member) gets its own
     assert wandb.run is None
     second = ["experiment=smoke", "logger=wandb", "export.enabled=false", "trainer.max_steps=10"]
-    train(_compose(tmp_path / "second", second))
+    train(compose_train(tmp_path / "second", *second))
     assert len(list((tmp_path / "second" / "wandb").glob("offline-run-*"))) == 1
