@@ -55,8 +55,8 @@ class HeadBudget(nn.Module):
         self.gates = [gates]  # a list, so the gates are not registered (and saved) twice
         self.targets = targets
         self.groups = list(targets)
-        self.sites = [[i for i, k in enumerate(gates.kinds) if g in ("total", k)] for g in self.groups]
-        self.heads = [sum(gates.gates[i].num_heads for i in sites) for sites in self.sites]
+        per_kind = gates.heads_per_kind()
+        self.heads = [per_kind[g] for g in self.groups]
         self.warmup_steps = warmup_steps
         self.lambda1 = nn.Parameter(torch.zeros(len(self.groups)))
         self.lambda2 = nn.Parameter(torch.zeros(len(self.groups)))
@@ -71,10 +71,8 @@ class HeadBudget(nn.Module):
 
     def expected_fraction(self) -> torch.Tensor:
         """s per group: the expected fraction of its heads open (differentiable).  # (G,)"""
-        gates = self.gates[0].gates
-        return torch.stack(
-            [torch.stack([gates[i].p_open().sum() for i in sites]).sum() / n for sites, n in zip(self.sites, self.heads)]
-        )
+        gates = self.gates[0]
+        return torch.stack([gates.expected_open(g) / n for g, n in zip(self.groups, self.heads)])
 
     @torch.no_grad()
     def report(self) -> dict[str, dict[str, float]]:

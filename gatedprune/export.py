@@ -45,7 +45,6 @@ from gatedprune.surgery import (
 
 log = logging.getLogger(__name__)
 
-RULES = ("binary", "top-k")
 TOLERANCE = 1e-4  # largest |logit difference| (float32) allowed between the gated and the pruned model
 MODELING_FILE = "modeling_gatedprune.py"
 REPORT_FILE = "export_report.json"
@@ -59,41 +58,6 @@ class ExportError(RunFailed):
 
 
 # --- gates -> plan --------------------------------------------------------------------------------------------
-
-
-def plan_from_gates(
-    gates: HeadGates, rule: str = "binary", top_k: int | Mapping[str, int] | None = None
-) -> dict[str, list[int]]:
-    """The heads a gate rule keeps: ``binary`` (log_alpha > 0) or ``top-k``: the k largest log_alpha overall, or
-    per attention kind with ``top_k={kind: k}`` (kinds it does not name follow the binary rule)."""
-    if rule not in RULES:
-        raise ValueError(f"unknown gate rule {rule!r}; allowed: {', '.join(RULES)}")
-    if rule == "binary":
-        if top_k is not None:
-            raise ValueError("top_k is only used by rule='top-k'")
-        return gates.plan()
-    budgets = dict(top_k) if isinstance(top_k, Mapping) else {"total": top_k}
-    scores = torch.cat([gate.log_alpha.detach().cpu() for gate in gates.gates])  # (N,)
-    kinds = [kind for gate, kind in zip(gates.gates, gates.kinds) for _ in range(gate.num_heads)]  # (N,)
-    keep = scores > 0
-    for group, k in budgets.items():
-        members = torch.tensor([i for i, kind in enumerate(kinds) if group in ("total", kind)], dtype=torch.long)
-        if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= len(members):
-            raise ValueError(
-                f"rule 'top-k' needs 0 <= top_k <= {len(members)} (the gated heads of {group}), got {k!r}"
-            )
-        ranked = members[torch.argsort(scores[members], descending=True, stable=True)]  # ties: the earlier head wins
-        keep[ranked] = False
-        keep[ranked[:k]] = True
-    per_site = keep.split([gate.num_heads for gate in gates.gates])
-    return {path: torch.nonzero(k).flatten().tolist() for path, k in zip(gates.paths, per_site)}
-
-
-def unconverged_gates(gates: HeadGates) -> int:
-    """How many deterministic gates lie strictly between 0 and 1 (neither clearly open nor clearly closed)."""
-    with torch.no_grad():
-        values = torch.cat([gate.deterministic() for gate in gates.gates])  # (N,)
-    return int(((values > 0) & (values < 1)).sum())
 
 
 def _rule_name(rule: str, top_k: int | None) -> str:
@@ -445,9 +409,9 @@ def export_gated(
     """
     out_dir = Path(out_dir)
     _check_target(out_dir, overwrite)  # fail before the expensive part
-    plan = plan_from_gates(gates, rule, top_k)
+    plan = gates.plan(rule, top_k)
     rule_name = _rule_name(rule, top_k)
-    unconverged = unconverged_gates(gates)
+    unconverged = gates.unconverged()
     if unconverged:
         log.warning(
             "gates have not converged: %d of %d deterministic gates lie strictly between 0 and 1",

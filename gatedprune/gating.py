@@ -17,6 +17,7 @@ from gatedprune.adapters import ATTENTION_KINDS, AttentionSite, attention_sites,
 from gatedprune.gates import GATE_MODES, GateOptions, HardConcreteGate
 
 PENALTY_NORMALISATIONS = ("layer_mean", "sum", "head_mean")
+RULES = ("binary", "top-k")  # how gates become a plan: log_alpha > 0, or the k largest log_alpha
 
 
 class HeadGates(nn.Module):
@@ -60,9 +61,44 @@ class HeadGates(nn.Module):
             handle.remove()
         self._handles = []
 
-    def expected_open(self) -> torch.Tensor:
-        """Expected number of open heads, sum of P(open) over all gates (differentiable scalar)."""
-        return torch.stack([g.p_open().sum() for g in self.gates]).sum()
+    def expected_open(self, group: str = "total") -> torch.Tensor:
+        """Expected number of open heads of a group ("total" or a kind): sum of P(open) (differentiable scalar)."""
+        return torch.stack([self.gates[i].p_open().sum() for i in self.group(group)]).sum()
+
+    # ---- one flat view of every gated head: (path, kind, layer, head) -----------------------------------------
+    def group(self, group: str) -> list[int]:
+        """The sites of a budget group: "total" (all) or one attention kind; ``ValueError`` for a kind not gated."""
+        if group != "total" and group not in self.kinds:
+            allowed = ", ".join(k for k in ATTENTION_KINDS if k in self.kinds)
+            raise ValueError(f"{group!r} is not a gated attention kind; allowed: total, {allowed}")
+        return [i for i, kind in enumerate(self.kinds) if group in ("total", kind)]
+
+    def index(self) -> list[tuple[str, str, int, int]]:
+        """(path, kind, layer, head) of every gated head, in the order of ``log_alpha()``."""
+        return [(path, kind, layer, head) for path, kind, layer, gate in zip(self.paths, self.kinds, self.layers, self.gates)
+                for head in range(gate.num_heads)]
+
+    @torch.no_grad()
+    def log_alpha(self) -> torch.Tensor:
+        """Every gate's ``log_alpha``, flat, on CPU.  # (N,)"""
+        return torch.cat([gate.log_alpha.detach().cpu() for gate in self.gates])
+
+    def per_site(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """A flat per-head tensor (N,) cut back into one (H,) tensor per site."""
+        return list(flat.split([gate.num_heads for gate in self.gates]))
+
+    def by_kind(self, values: list[torch.Tensor]) -> dict[str, list[tuple[int, torch.Tensor]]]:
+        """Per-site values regrouped: ``{kind: [(layer, values of that site), ...]}`` (a layer x head picture)."""
+        out: dict[str, list] = {}
+        for kind, layer, value in zip(self.kinds, self.layers, values):
+            out.setdefault(kind, []).append((layer, value))
+        return out
+
+    @torch.no_grad()
+    def unconverged(self) -> int:
+        """How many deterministic gates lie strictly between 0 and 1 (neither clearly open nor clearly closed)."""
+        values = torch.cat([gate.deterministic() for gate in self.gates])  # (N,)
+        return int(((values > 0) & (values < 1)).sum())
 
     def penalty(self, normalisation: str = "layer_mean") -> torch.Tensor:
         """The L0 penalty that multiplies lambda.
@@ -88,11 +124,41 @@ class HeadGates(nn.Module):
 
     def kept(self, site: int) -> list[int]:
         """Head indices of site ``site`` that the binary rule keeps."""
-        return torch.nonzero(self.gates[site].log_alpha > 0).flatten().tolist()
+        return torch.nonzero(self.gates[site].binary()).flatten().tolist()
 
-    def plan(self) -> dict[str, list[int]]:
-        """``{attention module path: sorted kept head indices}`` under the binary rule (log_alpha > 0)."""
-        return {path: self.kept(i) for i, path in enumerate(self.paths)}
+    def plan(self, rule: str = "binary", top_k: int | dict[str, int] | None = None) -> dict[str, list[int]]:
+        """``{attention module path: sorted kept head indices}`` under a rule.
+
+        - ``binary`` (Voita et al.): the heads with ``log_alpha > 0``;
+        - ``top-k``: the ``top_k`` heads with the largest ``log_alpha`` overall, or per budget group with
+          ``top_k={kind: k}`` (kinds it does not name follow the binary rule). Ties: the earlier head wins.
+        """
+        if rule not in RULES:
+            raise ValueError(f"unknown gate rule {rule!r}; allowed: {', '.join(RULES)}")
+        if rule == "binary":
+            if top_k is not None:
+                raise ValueError("top_k is only used by rule='top-k'")
+            return {path: self.kept(i) for i, path in enumerate(self.paths)}
+        scores = self.log_alpha()  # (N,)
+        keep = torch.cat([gate.binary().detach().cpu().bool() for gate in self.gates])  # (N,)
+        site_of_head = torch.repeat_interleave(torch.tensor([g.num_heads for g in self.gates]))  # (N,)
+        for group, k in (dict(top_k) if isinstance(top_k, dict) else {"total": top_k}).items():
+            members = torch.nonzero(torch.isin(site_of_head, torch.tensor(self.group(group)))).flatten()
+            if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= len(members):
+                raise ValueError(f"rule 'top-k' needs 0 <= top_k <= {len(members)} (the gated heads of {group}), got {k!r}")
+            ranked = members[torch.argsort(scores[members], descending=True, stable=True)]
+            keep[ranked] = False
+            keep[ranked[:k]] = True
+        return {path: torch.nonzero(k).flatten().tolist() for path, k in zip(self.paths, self.per_site(keep))}
+
+    @torch.no_grad()
+    def fix_(self, plan: dict[str, list[int]]) -> "HeadGates":
+        """Set the gates so that the binary rule keeps exactly ``plan`` (sites it does not name: unchanged)."""
+        for path, gate in zip(self.paths, self.gates):
+            if path in plan:
+                gate.log_alpha.fill_(-1.0)
+                gate.log_alpha[plan[path]] = 1.0
+        return self
 
     def _per_kind(self, per_site: list) -> dict:
         """Numbers given per site (gated module), summed per attention kind and in total."""

@@ -186,10 +186,10 @@ class GatedSeq2Seq(L.LightningModule):
         if self.pruning.start_step == 0 and self.global_step == 0 and self.trainer.is_global_zero:
             self.dense_test = self.score_test("the model the run starts from")
         if self.trainer.ckpt_path:
-            log_alpha = torch.cat([g.log_alpha.detach() for g in self.gates.gates])
+            log_alpha = self.gates.log_alpha()
             print(
                 f"resumed at step {self.global_step}: gates restored (sum of log_alpha {log_alpha.sum().item():.6f}, "
-                f"{int((log_alpha > 0).sum())} of {log_alpha.numel()} heads open)"
+                f"{self.gates.heads_alive()['total']} of {log_alpha.numel()} heads open)"
             )
 
     def on_before_optimizer_step(self, optimizer) -> None:

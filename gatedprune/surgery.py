@@ -14,7 +14,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
 import transformers
 from torch import nn
 from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING
@@ -130,12 +129,7 @@ def masked_heads(model: nn.Module, plan: Plan) -> Iterator[HeadGates]:
     This is the function ``prune_heads(model, plan)`` must compute; the gates go when the block ends.
     """
     plan = check_plan(model, plan)
-    gates = attach_gates(model).set_mode("binary")
-    with torch.no_grad():
-        for path, gate in zip(gates.paths, gates.gates):
-            if path in plan:
-                gate.log_alpha.fill_(-1.0)
-                gate.log_alpha[plan[path]] = 1.0
+    gates = attach_gates(model).fix_(plan).set_mode("binary")
     try:
         yield gates
     finally:

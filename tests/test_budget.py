@@ -7,7 +7,6 @@ import torch
 
 from gatedprune import attach_gates
 from gatedprune.budget import HeadBudget, resolve_targets
-from gatedprune.export import plan_from_gates
 from gatedprune.train import train
 
 from helpers import compose_train
@@ -54,8 +53,8 @@ def test_top_k_rule_keeps_exactly_k_overall_and_per_kind(model_of):
         with torch.no_grad():
             for g in gates.gates:
                 g.log_alpha.normal_()
-        assert sum(len(k) for k in plan_from_gates(gates, "top-k", 7).values()) == 7
-        plan = plan_from_gates(gates, "top-k", {"encoder": 3, "cross": 0})
+        assert sum(len(k) for k in gates.plan("top-k", 7).values()) == 7
+        plan = gates.plan("top-k", {"encoder": 3, "cross": 0})
         per_kind = {kind: 0 for kind in ("encoder", "decoder", "cross")}
         for path, kind in zip(gates.paths, gates.kinds):
             per_kind[kind] += len(plan[path])

@@ -116,19 +116,20 @@ def test_top_k_rule_keeps_exactly_k_heads(model_of, tmp_path):
     assert kept["total"] == [13, 24]
 
 
-def test_plan_from_gates_rules(model_of):
+def test_gate_rules_make_plans(model_of):
     gates = gated(model_of("bart"))
-    assert export.plan_from_gates(gates) == gates.plan()
-    top = export.plan_from_gates(gates, "top-k", 3)
+    assert gates.plan("binary") == {p: [h for h in range(g.num_heads) if g.log_alpha[h] > 0]
+                                    for p, g in zip(gates.paths, gates.gates)}
+    top = gates.plan("top-k", 3)
     assert sum(map(len, top.values())) == 3
     log_alpha = dict(zip(gates.paths, (gate.log_alpha.detach() for gate in gates.gates)))
     assert all(float(log_alpha[path][head]) == 4.0 for path, heads in top.items() for head in heads)
     with pytest.raises(ValueError, match="top_k"):
-        export.plan_from_gates(gates, "top-k", gates.num_heads + 1)
+        gates.plan("top-k", gates.num_heads + 1)
     with pytest.raises(ValueError, match="only used by rule='top-k'"):
-        export.plan_from_gates(gates, "binary", 3)
+        gates.plan("binary", 3)
     with pytest.raises(ValueError, match="unknown gate rule"):
-        export.plan_from_gates(gates, "magnitude")
+        gates.plan("magnitude")
 
 
 def test_warns_about_unconverged_gates_and_says_what_the_rule_removes(model_of, tmp_path, caplog):
