@@ -50,6 +50,9 @@ class PruningConfig:
     target_heads: int | float | dict | None = None
     target_warmup_steps: int = 100  # gated steps over which the target ramps from all heads to its value
     lagrangian_lr: float = 0.05
+    # end the gated phase once the plan (binary rule) has not changed for this many validations in a row; None: run
+    # to trainer.max_steps. Every gated validation records how many heads changed side and how many gates are unsettled
+    stop_when_stable: int | None = None
 
     def __post_init__(self) -> None:
         check_numbers("pruning", self)
@@ -64,6 +67,8 @@ class PruningConfig:
             )
         if self.start_step < 0:
             raise ValueError(f"pruning.start_step={self.start_step} is negative; allowed: an integer >= 0")
+        if self.stop_when_stable is not None and self.stop_when_stable < 1:
+            raise ValueError(f"pruning.stop_when_stable={self.stop_when_stable}; allowed: null or an integer >= 1")
         if self.eval_gate_mode not in GATE_MODES:
             raise ValueError(f"pruning.eval_gate_mode={self.eval_gate_mode!r}; allowed: {', '.join(GATE_MODES)}")
         self.gate_options()  # validates temperature, stretch, eps and the log_alpha range
@@ -127,6 +132,9 @@ class GatedSeq2Seq(L.LightningModule):
         self.dense_test: dict | None = None  # the dense model's test-split score (see score_test)
         self.signature: dict = {}  # sacreBLEU signatures of the last validation
         self.skipped_steps = 0  # steps skipped for a non-finite loss or gradient, in total
+        # per gated validation: heads whose binary decision changed since the previous validation, unsettled gates
+        self.plan_changes: list[dict] = []
+        self._last_plan: dict | None = None
         self._bad_in_a_row = 0
         self._val_hyps: list[str] = []
         self._val_refs: list[str] = []
@@ -264,9 +272,12 @@ class GatedSeq2Seq(L.LightningModule):
         self.signature = corpus["sacrebleu_signature"]
         if not self.trainer.sanity_checking and not self.gates_trained:
             self.dense_metrics = {"step": self.global_step, "bleu": scores["val/bleu"], "chrf": scores["val/chrf"]}
+        fitting = self.trainer.state.fn == "fit" and not self.trainer.sanity_checking
+        if fitting:
+            self._track_plan()
         if self.trainer.sanity_checking or not self.trainer.is_global_zero:
             return
-        if self.global_step == self.pruning.start_step > 0 and self.trainer.state.fn == "fit":
+        if self.global_step == self.pruning.start_step > 0 and fitting:
             self.dense_test = self.score_test("the end of the dense phase")  # the model every fork starts from
         for hyp, ref in list(zip(hyps, refs))[: self.generation.log_examples]:
             print(f"  ref: {ref}\n  hyp: {hyp}")
@@ -276,6 +287,24 @@ class GatedSeq2Seq(L.LightningModule):
         for logger in self.loggers:
             if hasattr(logger, "log_image"):  # Weights & Biases
                 logger.log_image("gates/heatmap", [str(png)], step=self.global_step)
+
+    def _track_plan(self) -> None:
+        """Record how far the gates have settled; stop training once the plan is stable (``stop_when_stable``).
+
+        Every process computes the same (the gates are identical under DDP), so all of them stop together.
+        """
+        plan = self.gates.plan()
+        if self._last_plan is None or not self.gates_trained:  # the dense phase: every head open
+            self._last_plan = plan
+            return
+        changed = sum(len(set(plan[path]) ^ set(self._last_plan[path])) for path in plan)
+        self._last_plan = plan
+        self.plan_changes.append({"step": self.global_step, "changed": changed, "unconverged": self.gates.unconverged()})
+        patience = self.pruning.stop_when_stable
+        recent = [entry["changed"] for entry in self.plan_changes[-patience:]] if patience else []
+        if patience and len(recent) == patience and not any(recent):
+            print(f"the plan has not changed for {patience} validations: the gated phase ends at step {self.global_step}")
+            self.trainer.should_stop = True
 
     def score_test(self, what: str) -> dict | None:
         """The test-split score of the model as it is now, gates open (the dense model); None without a test split.
@@ -310,9 +339,13 @@ class GatedSeq2Seq(L.LightningModule):
         checkpoint.update(describe(self))
         checkpoint["dense_metrics"] = self.dense_metrics
         checkpoint["dense_test"] = self.dense_test
+        checkpoint["plan_changes"] = self.plan_changes
+        checkpoint["last_plan"] = self._last_plan
         checkpoint["skipped_steps"] = self.skipped_steps
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.dense_metrics = checkpoint.get("dense_metrics", {})
         self.dense_test = checkpoint.get("dense_test")
         self.skipped_steps = checkpoint.get("skipped_steps", 0)
+        self.plan_changes = checkpoint.get("plan_changes", [])
+        self._last_plan = checkpoint.get("last_plan")

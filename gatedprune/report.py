@@ -74,6 +74,10 @@ def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoin
         "penalty_normalisation": pruning.penalty_normalisation,
         "target_heads": module.budget.targets if module.budget is not None else None,
         "budget": module.budget.report() if module.budget is not None else None,
+        "convergence": {
+            "unconverged_gates": gates.unconverged(), "stop_when_stable": pruning.stop_when_stable,
+            "plan_changes": module.plan_changes,
+        },
         "checkpoint": checkpoint,
         "dense": module.dense_metrics,
         "test": test or {"note": "no test split: the data source was given none"},

@@ -111,3 +111,22 @@ def test_wandb_logger_works_offline_with_metrics_and_heatmaps(tmp_path, monkeypa
     second = ["experiment=smoke", "logger=wandb", "export.enabled=false", "trainer.max_steps=10"]
     train(compose_train(tmp_path / "second", *second))
     assert len(list((tmp_path / "second" / "wandb").glob("offline-run-*"))) == 1
+
+
+def test_the_gated_phase_ends_once_the_plan_is_stable(tmp_path):
+    # lambda 0: nothing pushes the gates shut, so the plan of the first gated validation stays
+    metrics = train(compose_train(tmp_path, "experiment=smoke", "trainer.val_check_interval=2",
+                                  "pruning.stop_when_stable=2", "pruning.l0_lambda=0", "export.enabled=false"))
+    changes = metrics["convergence"]["plan_changes"]
+    assert metrics["steps"] == 14 and [c["step"] for c in changes] == [12, 14]
+    assert [c["changed"] for c in changes] == [0, 0] and metrics["convergence"]["stop_when_stable"] == 2
+    assert torch.load(metrics["checkpoint"], weights_only=True)["global_step"] == 14
+
+
+def test_plan_changes_are_counted_per_validation(smoke_run):
+    _, metrics = smoke_run  # lambda 0.5 closes gates: the first gated validation sees heads change side
+    changes = metrics["convergence"]["plan_changes"]
+    assert [c["step"] for c in changes] == [20, 30] and metrics["steps"] == 30
+    closed = metrics["heads_total"] - metrics["gated"]["heads_alive"]["total"]
+    assert changes[0]["changed"] + changes[1]["changed"] >= closed  # every closed head changed side at least once
+    assert metrics["convergence"]["unconverged_gates"] >= 0
