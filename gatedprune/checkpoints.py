@@ -24,7 +24,7 @@ def describe(module) -> dict:
     return {
         "hf_config": module.model.config.to_dict(),
         "generation_config": module.model.generation_config.to_dict(),
-        "gate_options": asdict(module.pruning.gate_options()),
+        "gate_options": asdict(module.pruning.gates),
         "gate_kinds": list(module.pruning.kinds),
     }
 

@@ -1,8 +1,8 @@
 """The Lightning module: gated fine-tuning of a Hugging Face seq2seq model (Voita et al. 2019).
 
-loss = per-token mean cross-entropy + l0_lambda * penalty, where the penalty is the expected number of open
-heads under ``penalty_normalisation`` (see ``HeadGates.penalty``). Before ``start_step`` the gates are held
-open and the penalty is off (the dense phase), so one run can train a baseline and then prune it.
+loss = per-token mean cross-entropy + the pruning method's penalty (``gatedprune.methods``: lambda x the expected
+number of open heads, or a Lagrangian towards a head budget). Before ``start_step`` the gates are held open and the
+penalty is off (the dense phase), so one run can train a baseline and then prune it.
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ import lightning as L
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from gatedprune.adapters import ATTENTION_KINDS, check_kinds
-from gatedprune.budget import HeadBudget, resolve_targets
-from gatedprune.gates import GATE_MODES, GateOptions
-from gatedprune.gating import PENALTY_NORMALISATIONS, attach_gates
+from gatedprune.gating import attach_gates
+from gatedprune.methods import GatedPruning
 from gatedprune.checkpoints import describe
 from gatedprune.evaluate import GenerationConfig, corpus_scores, generate, score, token_cross_entropy
 from gatedprune.plots import save_gate_heatmap
@@ -29,52 +27,6 @@ def _distributed() -> bool:
     """True inside a DDP process group of more than one process."""
     dist = torch.distributed
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-@dataclass
-class PruningConfig:
-    """What is gated and how strongly it is pushed to close."""
-
-    l0_lambda: float = 0.1
-    kinds: tuple[str, ...] = ATTENTION_KINDS
-    penalty_normalisation: str = "layer_mean"
-    start_step: int = 0  # dense phase: gates open and no penalty before this optimiser step
-    gate_lr: float = 0.1
-    eval_gate_mode: str = "binary"  # validation computes the function that export would keep
-    temperature: float = 0.33
-    stretch: tuple[float, float] = (-0.1, 1.1)
-    eps: float = 1e-6
-    init_log_alpha: float = 3.0
-    log_alpha_range: tuple[float, float] = (-10.0, 10.0)
-    # an exact head budget instead of l0_lambda: a count, a fraction, or {kind: count or fraction} (see budget.py)
-    target_heads: int | float | dict | None = None
-    target_warmup_steps: int = 100  # gated steps over which the target ramps from all heads to its value
-    lagrangian_lr: float = 0.05
-    # end the gated phase once the plan (binary rule) has not changed for this many validations in a row; None: run
-    # to trainer.max_steps. Every gated validation records how many heads changed side and how many gates are unsettled
-    stop_when_stable: int | None = None
-
-    def __post_init__(self) -> None:
-        check_numbers("pruning", self)
-        self.kinds = check_kinds(self.kinds)
-        self.stretch = tuple(self.stretch)
-        self.log_alpha_range = tuple(self.log_alpha_range)
-        if not self.l0_lambda >= 0:
-            raise ValueError(f"pruning.l0_lambda={self.l0_lambda} is negative; allowed: a number >= 0")
-        if self.penalty_normalisation not in PENALTY_NORMALISATIONS:
-            raise ValueError(
-                f"pruning.penalty_normalisation={self.penalty_normalisation!r}; allowed: {', '.join(PENALTY_NORMALISATIONS)}"
-            )
-        if self.start_step < 0:
-            raise ValueError(f"pruning.start_step={self.start_step} is negative; allowed: an integer >= 0")
-        if self.stop_when_stable is not None and self.stop_when_stable < 1:
-            raise ValueError(f"pruning.stop_when_stable={self.stop_when_stable}; allowed: null or an integer >= 1")
-        if self.eval_gate_mode not in GATE_MODES:
-            raise ValueError(f"pruning.eval_gate_mode={self.eval_gate_mode!r}; allowed: {', '.join(GATE_MODES)}")
-        self.gate_options()  # validates temperature, stretch, eps and the log_alpha range
-
-    def gate_options(self) -> GateOptions:
-        return GateOptions(self.temperature, self.stretch, self.eps, self.init_log_alpha, self.log_alpha_range)
 
 
 @dataclass
@@ -103,7 +55,7 @@ class GatedSeq2Seq(L.LightningModule):
         self,
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
-        pruning: PruningConfig,
+        pruning: GatedPruning,
         optim: OptimConfig,
         generation: GenerationConfig,
         output_dir: str | Path = ".",
@@ -118,12 +70,8 @@ class GatedSeq2Seq(L.LightningModule):
         self.generation = generation
         self.output_dir = Path(output_dir)
         self.seed = seed
-        self.gates = attach_gates(model, pruning.kinds, **asdict(pruning.gate_options()))
-        self.budget = (
-            HeadBudget(self.gates, resolve_targets(pruning.target_heads, self.gates), pruning.target_warmup_steps)
-            if pruning.target_heads is not None
-            else None
-        )
+        self.gates = attach_gates(model, pruning.kinds, **asdict(pruning.gates))
+        self.budget = pruning.build(self.gates)  # a method's own trainable state (a head budget's multipliers)
         self.save_hyperparameters(
             {"pruning": asdict(pruning), "optim": asdict(optim), "generation": asdict(generation)}
         )
@@ -164,15 +112,10 @@ class GatedSeq2Seq(L.LightningModule):
         self.gates.set_mode(self._train_gate_mode())
         ce = self._cross_entropy(batch, self.optim.label_smoothing)
         loss = ce
-        if self.gating and self.budget is not None:
-            penalty = self.budget(self.global_step - self.pruning.start_step)
+        if self.gating:
+            penalty, logs = self.pruning.penalty(self.gates, self.budget, self.global_step - self.pruning.start_step)
             loss = ce + penalty
-            self.log("train/lagrangian", penalty, batch_size=1)
-            self.log("train/lambda1", self.budget.lambda1.sum(), batch_size=1)
-        elif self.gating:
-            penalty = self.gates.penalty(self.pruning.penalty_normalisation)
-            loss = ce + self.pruning.l0_lambda * penalty
-            self.log("train/penalty", penalty, batch_size=1)
+            self.log_dict(logs, batch_size=1)
         ntokens = int((batch["labels"] != -100).sum())
         self.log("train/ce", ce, prog_bar=True, batch_size=ntokens)
         self.log("train/loss", loss, batch_size=ntokens)

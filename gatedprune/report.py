@@ -70,9 +70,8 @@ def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoin
         "params_before": params_before,
         "gated": gated_numbers,
         "expected_open": final["val/expected_open"],
-        "l0_lambda": pruning.l0_lambda if gated else None,
-        "penalty_normalisation": pruning.penalty_normalisation,
-        "target_heads": module.budget.targets if module.budget is not None else None,
+        **pruning.describe(module.budget),
+        **({} if gated else {"l0_lambda": None}),  # a dense baseline: no lambda was applied
         "budget": module.budget.report() if module.budget is not None else None,
         "convergence": {
             "unconverged_gates": gates.unconverged(), "stop_when_stable": pruning.stop_when_stable,

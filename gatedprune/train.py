@@ -106,19 +106,6 @@ def _check_ddp_launch(cfg: DictConfig) -> None:
         )
 
 
-def _check_budget_schedule(pruning, max_steps: int | None) -> None:
-    """A head budget whose target ramp is longer than the gated phase is never reached: refuse it."""
-    if pruning.target_heads is None or not max_steps or max_steps < 0:
-        return
-    gated_steps = max_steps - pruning.start_step
-    if pruning.target_warmup_steps > gated_steps:
-        raise ValueError(
-            f"pruning.target_warmup_steps={pruning.target_warmup_steps} is longer than the gated phase "
-            f"({gated_steps} steps: trainer.max_steps={max_steps} - pruning.start_step={pruning.start_step}), so "
-            f"the head budget would never be reached; allowed: at most {gated_steps}"
-        )
-
-
 def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
     # validate the cheap parts first, so bad input fails before anything heavy runs
     _check_ddp_launch(cfg)
@@ -126,7 +113,7 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
     optim = _instantiate(cfg.optim)
     generation = _instantiate(cfg.generation)
     test_generation = _instantiate(cfg.test_generation)
-    _check_budget_schedule(pruning, cfg.trainer.get("max_steps"))
+    pruning.check_schedule(cfg.trainer.get("max_steps"))
     if cfg.export.enabled:
         check_out_dir(Path(cfg.export.out_dir), protected=[run_dir])
     checkpoint = resume_checkpoint(cfg.resume, run_dir)
@@ -178,8 +165,9 @@ def _fit_and_report(
         test = {"dense": module.score_test("the end of the run")}
     export = exported = None
     if cfg.export.enabled:
-        # a head budget is met exactly by the top-k rule, per budget group
-        rule, top_k = ("top-k", module.budget.targets) if module.budget is not None else (cfg.export.rule, cfg.export.top_k)
+        rule, top_k = module.pruning.export_rule(module.budget)  # a head budget is met exactly: top-k per group
+        if rule == "binary" and cfg.export.rule != "binary":  # export.rule=top-k export.top_k=N overrides the gates' own
+            rule, top_k = cfg.export.rule, cfg.export.top_k
         export = export_gated(module.model, module.gates, cfg.export.out_dir, module.tokenizer, rule=rule,
                               top_k=top_k, sample_inputs=val_pairs)
         export["dir"] = str(cfg.export.out_dir)

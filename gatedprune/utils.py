@@ -64,10 +64,13 @@ def write_json(path: str | Path, data) -> None:
     atomic_write_text(path, json.dumps(finite_or_none(data), indent=2, allow_nan=False) + "\n")
 
 
-def check_numbers(section: str, config) -> None:
+def check_numbers(section: str, config, values: dict | None = None) -> None:
     """``ValueError`` naming the first field of dataclass ``config`` whose default is a number (or a tuple of numbers)
     and whose value is not one, or is nan or inf: no option means anything at infinity, nan passes every ``<``
-    check silently, and a string would fail later with a TypeError that names no option."""
+    check silently, and a string would fail later with a TypeError that names no option.
+
+    ``config`` may be a dataclass type with ``values`` the mapping it is about to be built from.
+    """
 
     def is_number(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -76,15 +79,17 @@ def check_numbers(section: str, config) -> None:
         default = field.default
         if default is dataclasses.MISSING:
             default = None if field.default_factory is dataclasses.MISSING else field.default_factory()
-        value = getattr(config, field.name)
+        if values is not None and field.name not in values:
+            continue
+        value = values[field.name] if values is not None else getattr(config, field.name)
         if is_number(default):
-            values = [value]
+            numbers = [value]
         elif isinstance(default, tuple) and default and all(map(is_number, default)):
-            values = list(value) if isinstance(value, (tuple, list)) else [value]
+            numbers = list(value) if isinstance(value, (tuple, list)) else [value]
         else:
             continue
         shown = list(value) if isinstance(value, (tuple, list)) else repr(value) if isinstance(value, str) else value
-        if not all(map(is_number, values)):
+        if not all(map(is_number, numbers)):
             raise ValueError(f"{section}.{field.name}={shown} is not a number; allowed: numbers")
-        if not all(math.isfinite(v) for v in values):
+        if not all(math.isfinite(v) for v in numbers):
             raise ValueError(f"{section}.{field.name}={shown} is not a finite number; allowed: finite numbers")

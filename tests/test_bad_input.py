@@ -44,13 +44,14 @@ def test_missing_language_columns_are_named(tmp_path):
     [
         ("pruning.l0_lambda=-0.1", ["pruning.l0_lambda=-0.1 is negative; allowed: a number >= 0"]),
         ("pruning.kinds=[encoder,self]", ["unknown attention kind(s) ['self']; allowed: encoder, decoder, cross"]),
-        ("pruning.temperature=0", ["gate temperature must be > 0, got 0"]),
+        ("pruning.gates.temperature=0", ["gate temperature must be > 0, got 0"]),
+        ("pruning.gates.temperature=inf", ["pruning.gates.temperature=inf is not a finite number"]),
         ("data.source=web", ["unknown data source 'web'; allowed:"]),
         ("model.name_or_path=./no/such/model", ["no tokenizer at './no/such/model' (data.tokenizer_path, by default"]),
-        ("pruning.stretch=[0.1,1.1]", ["gamma < 0 < 1 < zeta, got (0.1, 1.1)"]),
-        ("pruning.stretch=[-0.1,0.9]", ["got (-0.1, 0.9)"]),
+        ("pruning.gates.stretch=[0.1,1.1]", ["gamma < 0 < 1 < zeta, got (0.1, 1.1)"]),
+        ("pruning.gates.stretch=[-0.1,0.9]", ["got (-0.1, 0.9)"]),
         ("pruning.penalty_normalisation=mean", ["penalty_normalisation='mean'", "layer_mean, sum, head_mean"]),
-        ("pruning.target_heads=100", ["target_heads=100 for total: allowed a count from 0 to the 24"]),
+        ("pruning=l0_budget pruning.target_heads=100", ["target_heads=100 for total: allowed a count from 0 to the 24"]),
         ("data.max_length=2", ["longer than max_length=2"]),
         ("data.bible_tgt=zz", ["unknown bible translation code 'zz'"]),
         ("optim.lr=0", ["optim.lr=0", "allowed: a number > 0"]),
@@ -64,7 +65,7 @@ def test_missing_language_columns_are_named(tmp_path):
     ],
 )
 def test_bad_config_values(tmp_path, override, fragments):
-    _assert_refused(*_run(tmp_path, override), *fragments)
+    _assert_refused(*_run(tmp_path, *override.split()), *fragments)
 
 
 def test_ddp_in_a_local_multirun_is_refused(tmp_path):

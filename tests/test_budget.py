@@ -66,7 +66,7 @@ def test_top_k_rule_keeps_exactly_k_overall_and_per_kind(model_of):
 
 @pytest.mark.parametrize("target", [5, 15])
 def test_target_heads_are_met_exactly_after_training(tmp_path, target):
-    cfg = compose_train(tmp_path, "experiment=smoke", f"pruning.target_heads={target}", "trainer.max_steps=60",
+    cfg = compose_train(tmp_path, "experiment=smoke", "pruning=l0_budget", f"pruning.target_heads={target}", "trainer.max_steps=60",
                         "pruning.target_warmup_steps=20", "pruning.lagrangian_lr=0.2")
     metrics = train(cfg)
     assert metrics["target_heads"] == {"total": target}

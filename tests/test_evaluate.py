@@ -29,7 +29,7 @@ def _write_tsv(path, pairs):
 @pytest.fixture(scope="module")
 def budget_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("budget") / "run"
-    return out, train(compose_train(out, "experiment=smoke", "pruning.target_heads=5"))
+    return out, train(compose_train(out, "experiment=smoke", "pruning=l0_budget", "pruning.target_heads=5"))
 
 
 def test_a_head_budget_run_reports_the_exported_model(budget_run):
@@ -71,11 +71,18 @@ def test_files_with_and_without_a_test_split(tmp_path, pairs):
     assert metrics["model"] == "gated (pruning.eval_gate_mode=binary)"
 
 
-def test_a_budget_ramp_longer_than_the_gated_phase_is_refused(tmp_path):
-    with pytest.raises(ValueError, match=r"pruning.target_warmup_steps=100 is longer than the gated phase \(20 steps: "
-                                         r"trainer.max_steps=30 - pruning.start_step=10\)"):
-        train(compose_train(tmp_path / "run", "experiment=smoke", "pruning.target_heads=5", "pruning.target_warmup_steps=100"))
-    assert not (tmp_path / "run").exists()
+def test_a_budget_ramp_longer_than_the_gated_phase_is_shortened_and_said(budget_run, capsys):
+    from gatedprune.methods import L0Budget
+
+    method = L0Budget(start_step=10, target_heads=5, target_warmup_steps=100)
+    method.check_schedule(30)
+    assert method.target_warmup_steps == 10
+    assert ("pruning.target_warmup_steps=100 is longer than the gated phase (20 steps: trainer.max_steps=30 - "
+            "pruning.start_step=10); the target ramps over 10 steps instead") in capsys.readouterr().out
+    with pytest.raises(ValueError, match="with no gated step"):
+        L0Budget(start_step=10).check_schedule(10)
+    _, metrics = budget_run  # smoke: 20 gated steps, the default ramp of 100 shortened to 10
+    assert metrics["budget"]["total"]["target"] == 5
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,8 @@ from families import tiny_model
 from helpers import compose_train, error_line, offline_env, run_train
 from gatedprune import attach_gates, export, rundir
 from gatedprune.data import read_pairs_file
-from gatedprune.module import GatedSeq2Seq, GenerationConfig, OptimConfig, PruningConfig
+from gatedprune.methods import L0
+from gatedprune.module import GatedSeq2Seq, GenerationConfig, OptimConfig
 from gatedprune.train import train
 from gatedprune.utils import check_numbers, write_json
 
@@ -100,7 +101,7 @@ def _module(tmp_path, max_bad_steps=3) -> GatedSeq2Seq:
         pad_token="<pad>",
     )
     model = tiny_model("mbart", tmp_path)
-    return GatedSeq2Seq(model, tokenizer, PruningConfig(), OptimConfig(max_bad_steps=max_bad_steps), GenerationConfig())
+    return GatedSeq2Seq(model, tokenizer, L0(), OptimConfig(max_bad_steps=max_bad_steps), GenerationConfig())
 
 
 def test_non_finite_losses_count_although_the_optimizer_hook_sees_no_gradient(tmp_path):
@@ -139,7 +140,7 @@ def test_a_run_whose_weights_blow_up_stops_with_one_line_and_keeps_finite_checkp
         assert all(torch.isfinite(v).all() for v in state.values() if torch.is_tensor(v))
 
 
-@pytest.mark.parametrize("section, config", [("pruning", PruningConfig), ("optim", OptimConfig),
+@pytest.mark.parametrize("section, config", [("pruning", L0), ("optim", OptimConfig),
                                              ("generation", GenerationConfig)])
 def test_every_float_option_refuses_nan_and_inf_in_its_own_words(section, config):
     import dataclasses
@@ -322,3 +323,11 @@ def test_tsv_header_lines_are_detected_and_empty_pairs_dropped(tmp_path, capsys)
     out = capsys.readouterr().out
     assert f"{tmp_path / 'train.tsv'}: skipped the header line ('en', 'fr')" in out
     assert "split 'train': dropped 3 of 5 pairs with an empty source or target" in out
+
+
+def test_nested_gate_options_refuse_nan_and_inf_by_their_full_name():
+    from gatedprune.methods import L0Budget
+
+    for field, value in (("temperature", float("inf")), ("init_log_alpha", float("nan")), ("stretch", [-0.1, float("inf")])):
+        with pytest.raises(ValueError, match=rf"^pruning\.gates\.{field}=.* is not a finite number"):
+            L0Budget(gates={field: value})

@@ -13,7 +13,8 @@ import transformers
 
 from families import tiny_model
 from helpers import ROOT, compose_train, offline_env
-from gatedprune.module import GatedSeq2Seq, GenerationConfig, OptimConfig, PruningConfig
+from gatedprune.methods import L0
+from gatedprune.module import GatedSeq2Seq, GenerationConfig, OptimConfig
 
 SMOKE = ["experiment=smoke", "trainer.max_steps=40", "export.enabled=false"]
 
@@ -176,7 +177,7 @@ def _module(tmp_path, max_bad_steps=3) -> GatedSeq2Seq:
         tokenizer_object=__import__("tokenizers").Tokenizer(__import__("tokenizers").models.WordLevel({"<pad>": 1, "<unk>": 0}, "<unk>")),
         pad_token="<pad>",
     )
-    return GatedSeq2Seq(model, tokenizer, PruningConfig(), OptimConfig(max_bad_steps=max_bad_steps), GenerationConfig(), tmp_path)
+    return GatedSeq2Seq(model, tokenizer, L0(), OptimConfig(max_bad_steps=max_bad_steps), GenerationConfig(), tmp_path)
 
 
 def test_non_finite_loss_is_skipped_then_stops_the_run(tmp_path, monkeypatch):

@@ -51,7 +51,7 @@ def test_smoke_run_writes_metrics_checkpoint_tokenizer_and_heatmaps(smoke_run):
     assert alive["total"] == alive["encoder"] + alive["decoder"] + alive["cross"]
     assert alive["total"] == sum(len(kept) for kept in on_disk["plan"].values())
     assert on_disk["steps"] == 30 and on_disk["dense"]["step"] == 10
-    assert on_disk["penalty_normalisation"] == "layer_mean" and on_disk["l0_lambda"] == 0.5
+    assert on_disk["penalty_normalisation"] == "layer_mean" and on_disk["l0_lambda"] == 0.1
     assert on_disk["method"] == "gated" and (out / "checkpoints" / "dense.ckpt").is_file()
     assert Path(on_disk["checkpoint"]).is_file()
     assert (out / "tokenizer" / "tokenizer.json").is_file()

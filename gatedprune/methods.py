@@ -1,0 +1,145 @@
+"""Pruning methods that train gates: what each adds to the loss, and which rule turns its gates into a plan.
+
+A method is a config group option with its own ``_target_`` (``pruning=l0``, ``pruning=l0_budget``); the Lightning
+module asks it for the penalty of a gated step and the trainer asks it for the export rule, so neither branches on
+a method's name. What every gated method shares (the attention kinds gated, the dense phase, the gates' own
+learning rate and hard-concrete constants) lives in ``GatedPruning``.
+
+- ``L0`` (Voita et al. 2019): loss + ``l0_lambda`` x the expected number of open heads; export keeps
+  ``log_alpha > 0``.
+- ``L0Budget`` (Wang et al. 2020, CoFiPruning): a Lagrangian drives the expected open heads to ``target_heads``;
+  export keeps exactly that many (top-k).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+from gatedprune.adapters import ATTENTION_KINDS, check_kinds
+from gatedprune.budget import HeadBudget, resolve_targets
+from gatedprune.gates import GATE_MODES, GateOptions
+from gatedprune.gating import PENALTY_NORMALISATIONS, HeadGates
+from gatedprune.utils import check_numbers
+
+
+@dataclass
+class GatedPruning:
+    """What is gated, when gating starts, and the gates' own settings."""
+
+    kinds: tuple[str, ...] = ATTENTION_KINDS
+    start_step: int = 0  # dense phase: gates open and no penalty before this optimiser step
+    gate_lr: float = 0.1
+    eval_gate_mode: str = "binary"  # validation computes the function that export would keep
+    # end the gated phase once the plan (binary rule) has not changed for this many validations in a row; None: run
+    # to trainer.max_steps. Every gated validation records how many heads changed side and how many gates are unsettled
+    stop_when_stable: int | None = None
+    gates: GateOptions = field(default_factory=GateOptions)  # the hard-concrete constants
+
+    def __post_init__(self) -> None:
+        check_numbers("pruning", self)
+        if isinstance(self.gates, dict):  # from a config file
+            check_numbers("pruning.gates", GateOptions, self.gates)
+            self.gates = GateOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in self.gates.items()})
+        self.kinds = check_kinds(self.kinds)
+        if self.start_step < 0:
+            raise ValueError(f"pruning.start_step={self.start_step} is negative; allowed: an integer >= 0")
+        if self.stop_when_stable is not None and self.stop_when_stable < 1:
+            raise ValueError(f"pruning.stop_when_stable={self.stop_when_stable}; allowed: null or an integer >= 1")
+        if self.eval_gate_mode not in GATE_MODES:
+            raise ValueError(f"pruning.eval_gate_mode={self.eval_gate_mode!r}; allowed: {', '.join(GATE_MODES)}")
+
+    def gate_options(self) -> GateOptions:
+        return self.gates
+
+    def build(self, gates: HeadGates) -> nn.Module | None:
+        """Trainable state of the method beside the gates (a Lagrangian's multipliers), or None."""
+        return None
+
+    def penalty(self, gates: HeadGates, state: nn.Module | None, gated_step: int) -> tuple[torch.Tensor, dict]:
+        """The term added to the cross-entropy at a gated step, and what to log about it."""
+        raise NotImplementedError
+
+    def export_rule(self, state: nn.Module | None) -> tuple[str, int | dict | None]:
+        """(rule, top_k) for ``HeadGates.plan``."""
+        return "binary", None
+
+    def check_schedule(self, max_steps: int | None) -> None:
+        """Refuse a schedule the method cannot work in (called at set-up with ``trainer.max_steps``)."""
+
+    def describe(self, state: nn.Module | None) -> dict:
+        """The method's own settings for metrics.json (keys shared by all methods, None where they do not apply)."""
+        return {"l0_lambda": None, "penalty_normalisation": None, "target_heads": None}
+
+
+@dataclass
+class L0(GatedPruning):
+    """Cross-entropy + ``l0_lambda`` x the expected number of open heads (``penalty_normalisation``)."""
+
+    l0_lambda: float = 0.1
+    penalty_normalisation: str = "layer_mean"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.l0_lambda >= 0:
+            raise ValueError(f"pruning.l0_lambda={self.l0_lambda} is negative; allowed: a number >= 0")
+        if self.penalty_normalisation not in PENALTY_NORMALISATIONS:
+            raise ValueError(
+                f"pruning.penalty_normalisation={self.penalty_normalisation!r}; allowed: {', '.join(PENALTY_NORMALISATIONS)}"
+            )
+
+    def penalty(self, gates: HeadGates, state: nn.Module | None, gated_step: int) -> tuple[torch.Tensor, dict]:
+        penalty = gates.penalty(self.penalty_normalisation)
+        return self.l0_lambda * penalty, {"train/penalty": penalty}
+
+    def describe(self, state: nn.Module | None) -> dict:
+        return {"l0_lambda": self.l0_lambda, "penalty_normalisation": self.penalty_normalisation, "target_heads": None}
+
+
+@dataclass
+class L0Budget(GatedPruning):
+    """An exact head budget: a count, a fraction of the gated heads, or ``{kind: count or fraction}``."""
+
+    target_heads: int | float | dict = 0.5
+    target_warmup_steps: int = 100  # gated steps over which the target ramps from all heads to its value
+    lagrangian_lr: float = 0.05
+
+    def build(self, gates: HeadGates) -> HeadBudget:
+        return HeadBudget(gates, resolve_targets(self.target_heads, gates), self.target_warmup_steps)
+
+    def penalty(self, gates: HeadGates, state: HeadBudget, gated_step: int) -> tuple[torch.Tensor, dict]:
+        penalty = state(gated_step)
+        return penalty, {"train/lagrangian": penalty, "train/lambda1": state.lambda1.sum()}
+
+    def export_rule(self, state: HeadBudget) -> tuple[str, dict]:
+        return "top-k", state.targets  # the budget, met exactly per budget group
+
+    def check_schedule(self, max_steps: int | None) -> None:
+        """A target ramp longer than the gated phase would never reach the budget: it is shortened to half the gated
+        phase (the other half holds the target), and the run says so; a run with no gated step is refused."""
+        if not max_steps or max_steps < 0:
+            return
+        gated_steps = max_steps - self.start_step
+        if gated_steps < 1:
+            raise ValueError(
+                f"pruning=l0_budget with no gated step (trainer.max_steps={max_steps}, pruning.start_step="
+                f"{self.start_step}); allowed: trainer.max_steps > pruning.start_step"
+            )
+        if self.target_warmup_steps > gated_steps:
+            print(
+                f"warning: pruning.target_warmup_steps={self.target_warmup_steps} is longer than the gated phase "
+                f"({gated_steps} steps: trainer.max_steps={max_steps} - pruning.start_step={self.start_step}); the "
+                f"target ramps over {gated_steps // 2} steps instead"
+            )
+            self.target_warmup_steps = gated_steps // 2
+
+    def describe(self, state: HeadBudget | None) -> dict:
+        targets = state.targets if state is not None else self.target_heads
+        return {"l0_lambda": None, "penalty_normalisation": None, "target_heads": targets}
+
+
+def method_settings(method: GatedPruning) -> dict:
+    """The method's settings as plain data (for the checkpoint's hyperparameters)."""
+    return {"_target_": f"{type(method).__module__}.{type(method).__qualname__}", **asdict(method)}
