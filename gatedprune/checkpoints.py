@@ -94,3 +94,27 @@ def check_resumable(path: Path, checkpoint: dict, model: torch.nn.Module, kinds:
             "resume with the model and data settings that wrote it"
         )
     return differences
+
+
+def resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
+    """The checkpoint to resume from: ``resume`` is "auto" (this run dir's last checkpoint, if there is one),
+    None/false (start afresh), a run directory or a checkpoint file inside one (``<run>/checkpoints/*.ckpt``).
+
+    A run that already has a last checkpoint of its own continues from it whatever ``resume`` names: a requeued
+    or relaunched member of a sweep forked from ``dense.ckpt`` goes on where it stopped.
+    """
+    if resume in (None, False, "none", "false"):
+        return None
+    own = run_dir / "checkpoints" / "last.ckpt"
+    if resume == "auto":
+        return own if own.is_file() else None
+    path = Path(resume)
+    checkpoint = path / "checkpoints" / "last.ckpt" if path.is_dir() else path
+    if not checkpoint.is_file():
+        raise ValueError(f"resume={resume!r}: no checkpoint at {checkpoint}; give a run directory or a .ckpt file")
+    if not (checkpoint.parents[1] / "tokenizer").is_dir():
+        raise ValueError(f"resume={resume!r}: {checkpoint} is not inside a run directory (no tokenizer/ beside it)")
+    if own.is_file() and own.resolve() != checkpoint.resolve():
+        print(f"this run directory has its own {own}: continuing from it rather than from {checkpoint}")
+        return own
+    return checkpoint

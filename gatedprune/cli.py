@@ -111,7 +111,7 @@ def train_command() -> None:
     import hydra
     from omegaconf import DictConfig
 
-    from gatedprune.train import set_offline_defaults, train
+    from gatedprune.train import train
 
     if sys.argv[1:] == ["--version"]:
         print(f"gatedprune {version()}")
@@ -126,3 +126,11 @@ def train_command() -> None:
 
     set_offline_defaults()
     run_hydra_app(main)
+
+
+def set_offline_defaults() -> None:
+    """Never reach a hub from a run unless the user says so; W&B logs offline unless WANDB_MODE is set."""
+    os.environ.setdefault("WANDB_MODE", "offline")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -188,7 +188,7 @@ def evaluate_dir(model_dir: str | Path, split: str = "test", overrides: Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from gatedprune.cli import run_reported
+    from gatedprune.cli import run_reported, set_offline_defaults
     from gatedprune.utils import write_json
 
     parser = argparse.ArgumentParser(
@@ -202,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=None, help="sentences per batch (default: the data's)")
     parser.add_argument("--out", default=None, help="where to write the scores (default MODEL_DIR/eval.json)")
     args = parser.parse_intermixed_args(argv)  # options and data overrides in any order
+    set_offline_defaults()  # a hub id is read from the cache unless the user says otherwise
 
     def run() -> None:
         result = evaluate_dir(args.model_dir, args.split, args.overrides, args.num_beams, args.batch_size)

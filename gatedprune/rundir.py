@@ -18,6 +18,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from gatedprune.utils import write_json
+
 LOCK_FILE = ".lock"
 
 
@@ -63,3 +65,8 @@ def write_hydra_record(run_dir: Path, cfg: DictConfig) -> None:
     OmegaConf.save(cfg, record / "config.yaml")
     OmegaConf.save(OmegaConf.create({"hydra": hydra_cfg}), record / "hydra.yaml")
     OmegaConf.save(hydra_cfg.overrides.task, record / "overrides.yaml")
+
+
+def write_status(run_dir: Path, **status) -> None:
+    """``status.json``: running, done, interrupted or failed (with the error); strict JSON, written atomically."""
+    write_json(run_dir / "status.json", status)

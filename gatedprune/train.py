@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import sys
@@ -19,6 +18,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 
 from gatedprune import rundir
+from gatedprune import checkpoints
 from gatedprune.checkpoints import check_resumable, load_checkpoint_file
 from gatedprune.cli import BAD_INPUT, one_line
 from gatedprune.export import check_out_dir, export_gated
@@ -57,7 +57,7 @@ def train(cfg: DictConfig) -> dict:
     held = rundir.lock(run_dir)  # before anything is written: another process may own this directory
     try:
         rundir.write_hydra_record(run_dir, cfg)
-        _write_status(run_dir, status="running")
+        rundir.write_status(run_dir, status="running")
         try:
             run = _setup(cfg, run_dir)
         except BAD_INPUT:
@@ -66,21 +66,17 @@ def train(cfg: DictConfig) -> dict:
             raise
         metrics = _fit_and_report(cfg, run_dir, *run)
     except SIGTERMException:
-        _write_status(run_dir, status="interrupted", error="SIGTERM; the last checkpoint was saved")
+        rundir.write_status(run_dir, status="interrupted", error="SIGTERM; the last checkpoint was saved")
         raise SystemExit(128 + signal.SIGTERM) from None
     except BaseException as err:
         if run_dir.exists():
-            _write_status(run_dir, status="failed", error=one_line(f"{type(err).__name__}: {err}"))
+            rundir.write_status(run_dir, status="failed", error=one_line(f"{type(err).__name__}: {err}"))
         raise
     finally:
         _finish_wandb_run()
         rundir.unlock(held)
-    _write_status(run_dir, status="done")
+    rundir.write_status(run_dir, status="done")
     return metrics
-
-
-def _write_status(run_dir: Path, **status) -> None:
-    write_json(run_dir / "status.json", status)
 
 
 def _finish_wandb_run() -> None:
@@ -116,7 +112,7 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
     pruning.check_schedule(cfg.trainer.get("max_steps"))
     if cfg.export.enabled:
         check_out_dir(Path(cfg.export.out_dir), protected=[run_dir])
-    checkpoint = resume_checkpoint(cfg.resume, run_dir)
+    checkpoint = checkpoints.resume_checkpoint(cfg.resume, run_dir)
     saved = load_checkpoint_file(checkpoint) if checkpoint else None  # refuse a truncated or unsafe file now
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # quiet: stderr is for errors until set-up is done
     # a resumed run keeps the tokenizer its checkpoint was trained with; other DDP processes take rank 0's,
@@ -186,38 +182,6 @@ def _fit_and_report(
     write_json(run_dir / "metrics.json", metrics)
     print(final_table(metrics))
     return metrics
-
-
-def resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
-    """The checkpoint to resume from: ``resume`` is "auto" (this run dir's last checkpoint, if there is one),
-    None/false (start afresh), a run directory or a checkpoint file inside one (``<run>/checkpoints/*.ckpt``).
-
-    A run that already has a last checkpoint of its own continues from it whatever ``resume`` names: a requeued
-    or relaunched member of a sweep forked from ``dense.ckpt`` goes on where it stopped.
-    """
-    if resume in (None, False, "none", "false"):
-        return None
-    own = run_dir / "checkpoints" / "last.ckpt"
-    if resume == "auto":
-        return own if own.is_file() else None
-    path = Path(resume)
-    checkpoint = path / "checkpoints" / "last.ckpt" if path.is_dir() else path
-    if not checkpoint.is_file():
-        raise ValueError(f"resume={resume!r}: no checkpoint at {checkpoint}; give a run directory or a .ckpt file")
-    if not (checkpoint.parents[1] / "tokenizer").is_dir():
-        raise ValueError(f"resume={resume!r}: {checkpoint} is not inside a run directory (no tokenizer/ beside it)")
-    if own.is_file() and own.resolve() != checkpoint.resolve():
-        print(f"this run directory has its own {own}: continuing from it rather than from {checkpoint}")
-        return own
-    return checkpoint
-
-
-def set_offline_defaults() -> None:
-    """Never reach a hub from a run unless the user says so; W&B logs offline unless WANDB_MODE is set."""
-    os.environ.setdefault("WANDB_MODE", "offline")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
 if __name__ == "__main__":  # python -m gatedprune.train [overrides]
