@@ -15,7 +15,7 @@ import re
 import sys
 import tempfile
 from pathlib import Path
-from statistics import mean
+from statistics import mean, stdev
 from typing import Sequence
 
 import matplotlib
@@ -32,9 +32,11 @@ KINDS = ("encoder", "decoder", "cross")
 # what status.json says (train.py writes running, done, interrupted or failed), "unknown" when neither file is there
 STATUSES = ("done", "failed", "interrupted", "running", "unknown")
 COLUMNS = [
-    "run", "method", "lambda", "heads_encoder", "heads_decoder", "heads_cross", "heads_alive", "heads_total",
-    "bleu", "chrf", "dense_bleu", "params", "status", "error",
+    "run", "method", "lambda", "seed", "heads_encoder", "heads_decoder", "heads_cross", "heads_alive", "heads_total",
+    "bleu", "chrf", "test_bleu", "dense_bleu", "params", "status", "error",
 ]
+# what may differ between the runs of one seed group besides the seed: where they started from and wrote to
+_NOT_SETTINGS = ("seed", "resume", "paths", "hydra")
 
 
 class NoRunsError(ValueError):
@@ -68,6 +70,7 @@ def read_run(run_dir: Path, root: Path) -> dict:
     elif status == "unknown":
         row["error"] = "no metrics.json or status.json: running, or stopped before writing them"
     row["status"] = status
+    row["group"] = _settings(run_dir)
 
     if metrics is None:  # what the run was asked to do is still in its config
         row["method"] = "gated"
@@ -83,6 +86,8 @@ def read_run(run_dir: Path, root: Path) -> dict:
         "bleu": metrics.get("bleu"),
         "chrf": metrics.get("chrf"),
         "dense_bleu": (metrics.get("dense") or {}).get("bleu"),
+        "seed": metrics.get("seed"),
+        "test_bleu": _final_test(metrics).get("bleu"),
         "params": _params_kept(metrics),
     })
     return row
@@ -127,9 +132,36 @@ def dense_baseline(rows: list[dict]) -> tuple[float, int] | None:
     return (mean(scores), len(scores)) if scores else None
 
 
+def seed_groups(rows: list[dict]) -> list[dict]:
+    """Finished runs grouped by their settings with the seed (and resume point, output paths) left out: mean and
+    sample standard deviation of BLEU, test BLEU and heads kept over the seeds of each group, in row order."""
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        if row["status"] == "done" and row["bleu"] is not None and row["heads_alive"] is not None:
+            groups.setdefault(f"{row['method']} {row['group'] or row['lambda']}", []).append(row)
+
+    def spread(values: list) -> tuple[float | None, float | None]:
+        values = [v for v in values if v is not None]
+        if not values:
+            return None, None
+        return mean(values), (stdev(values) if len(values) > 1 else 0.0)
+
+    summary = []
+    for members in groups.values():
+        first = members[0]
+        (bleu, bleu_sd), (test, test_sd), (heads, heads_sd) = (
+            spread([r[key] for r in members]) for key in ("bleu", "test_bleu", "heads_alive"))
+        summary.append({
+            "runs": [r["run"] for r in members], "seeds": [r["seed"] for r in members], "method": first["method"],
+            "lambda": first["lambda"], "n": len(members), "bleu": bleu, "bleu_sd": bleu_sd, "test_bleu": test,
+            "test_bleu_sd": test_sd, "heads_alive": heads, "heads_sd": heads_sd, "heads_total": first["heads_total"],
+        })
+    return summary
+
+
 def to_csv(rows: list[dict]) -> str:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
     writer.writerows({k: "" if v is None else v for k, v in row.items()} for row in rows)
     return buffer.getvalue()
@@ -151,7 +183,17 @@ def to_markdown(rows: list[dict], root: Path) -> str:
             _fmt(r["bleu"], ".2f"), _fmt(r["chrf"], ".2f"), _fmt(r["params"], ","), r["status"],
             r["error"].replace("|", "\\|").replace("\n", " "),
         ))
-    return "\n".join(lines) + "\n\n" + markdown_table(header, cells)
+    table = "\n".join(lines) + "\n\n" + markdown_table(header, cells)
+    groups = [g for g in seed_groups(rows) if g["n"] > 1]
+    if groups:  # runs that differ only in their seed: mean ± sample standard deviation
+        group_cells = [(
+            ", ".join(g["runs"]), g["method"], _fmt(g["lambda"], "g"), g["n"],
+            f"{g['heads_alive']:.1f} ± {g['heads_sd']:.1f}", f"{g['bleu']:.2f} ± {g['bleu_sd']:.2f}",
+            "-" if g["test_bleu"] is None else f"{g['test_bleu']:.2f} ± {g['test_bleu_sd']:.2f}",
+        ) for g in groups]
+        table += "\n## Seeds\n\nRuns that differ only in their seed (mean ± sample standard deviation):\n\n"
+        table += markdown_table(["runs", "method", "lambda", "seeds", "heads alive", "BLEU", "test BLEU"], group_cells)
+    return table
 
 
 def plot_pareto(rows: list[dict], path: Path, title: str = "") -> None:
@@ -159,10 +201,12 @@ def plot_pareto(rows: list[dict], path: Path, title: str = "") -> None:
     done = [r for r in rows if r["status"] == "done" and r["bleu"] is not None and r["heads_alive"] is not None]
     methods = sorted({r["method"] for r in done}, key=lambda m: (m != "gated", m))
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    groups = seed_groups(rows)  # one point per group of seeds: the mean, with the spread as error bars
     for i, method in enumerate(methods):
-        points = [r for r in done if r["method"] == method]
-        ax.scatter([r["heads_alive"] for r in points], [r["bleu"] for r in points], color=f"C{i}", label=method,
-                   zorder=3)
+        points = [g for g in groups if g["method"] == method]
+        ax.errorbar([g["heads_alive"] for g in points], [g["bleu"] for g in points],
+                    xerr=[g["heads_sd"] for g in points], yerr=[g["bleu_sd"] for g in points], fmt="o",
+                    color=f"C{i}", label=method, zorder=3, capsize=3)
         if method == "gated":
             points.sort(key=lambda r: r["heads_alive"])
             ax.plot([r["heads_alive"] for r in points], [r["bleu"] for r in points], color="C0", alpha=0.4)
@@ -225,6 +269,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     print((out / "summary.md").read_text(), end="")
     print(f"wrote {out / 'summary.csv'}, {out / 'summary.md'}, {out / 'pareto.png'}")
     return 0
+
+
+def _settings(run_dir: Path) -> str | None:
+    """The run's composed config without what may differ between seeds of one setting, as a comparable string."""
+    config = run_dir / ".hydra" / "config.yaml"
+    if not config.is_file():
+        return None
+    settings = OmegaConf.to_container(OmegaConf.load(config), resolve=False)
+    return json.dumps({k: v for k, v in settings.items() if k not in _NOT_SETTINGS}, sort_keys=True, default=str)
+
+
+def _final_test(metrics: dict) -> dict:
+    """The test-split score of the run's final model (exported, or gated; a dense run's own), if there is one."""
+    test = metrics.get("test") or {}
+    return test.get("pruned") or test.get("gated") or (test.get("dense") if metrics.get("method") == "dense" else None) or {}
 
 
 def _params_kept(metrics: dict) -> int | None:

@@ -13,7 +13,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
 
 from gatedprune.report import budget_objective
-from gatedprune.sweep import dense_baseline, main, summarise
+from gatedprune.sweep import dense_baseline, main, seed_groups, summarise
 from helpers import ROOT, compose_train, offline_env
 
 
@@ -219,3 +219,30 @@ def test_optuna_runs_two_smoke_trials_and_the_summary_reads_them(tmp_path):
     rows = summarise(sweep_dir)
     assert [r["status"] for r in rows] == ["done", "done"]
     assert (sweep_dir / "pareto.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_runs_that_differ_only_in_seed_are_grouped_with_mean_and_spread(tmp_path):
+    from statistics import mean, stdev
+
+    root = tmp_path / "seeds"
+    done = {"status": "done"}
+    for i, (seed, lam, bleu, alive, test) in enumerate([
+        (1, 0.1, 10.0, (2, 3, 1), 9.0), (2, 0.1, 11.0, (3, 3, 1), 9.5), (3, 0.1, 12.5, (2, 4, 2), 10.5),
+        (1, 1.0, 5.0, (0, 0, 2), 4.0),
+    ]):
+        metrics = {**_metrics(lam, bleu, alive), "seed": seed, "test": {"pruned": {"bleu": test}}}
+        _run(root, str(i), lam, metrics, done)
+        config = {"seed": seed, "resume": f"dense_{seed}.ckpt", "pruning": {"l0_lambda": lam}}
+        (root / str(i) / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    rows = summarise(root)
+    groups = {g["lambda"]: g for g in seed_groups(rows)}
+    three = groups[0.1]
+    assert three["n"] == 3 and three["seeds"] == [1, 2, 3]
+    assert three["bleu"] == pytest.approx(mean([10.0, 11.0, 12.5])) and three["bleu_sd"] == pytest.approx(stdev([10.0, 11.0, 12.5]))
+    assert three["test_bleu"] == pytest.approx(mean([9.0, 9.5, 10.5]))
+    assert three["heads_alive"] == pytest.approx(mean([6, 7, 8])) and three["heads_sd"] == pytest.approx(1.0)
+    assert groups[1.0]["n"] == 1 and groups[1.0]["bleu_sd"] == 0.0
+    text = (root / "summary.md").read_text()
+    assert "## Seeds" in text and f"| 0, 1, 2 | gated | 0.1 | 3 | 7.0 ± 1.0 | {mean([10.0, 11.0, 12.5]):.2f} ± " in text
+    assert [r["seed"] for r in _csv(root / "summary.csv")] == ["1", "2", "3", "1"]
+    assert (root / "pareto.png").read_bytes().startswith(PNG_SIGNATURE)
