@@ -67,16 +67,26 @@ def corpus_scores(hyps: list[str], refs: list[str]) -> dict:
     }
 
 
-def token_cross_entropy(model, batch: dict, label_smoothing: float = 0.0, reduction: str = "mean") -> torch.Tensor:
-    """Teacher-forced cross-entropy per target token (``labels``: (B, T), -100 on padding)."""
+def teacher_forced_logits(model, batch: dict) -> torch.Tensor:
+    """The model's next-token logits for the targets of ``batch`` (``labels``: (B, T), -100 on padding).  # (B, T, V)"""
     labels = batch["labels"]
     # decoder inputs as the family's own forward builds them from labels (mBART starts with the EOS it wraps);
     # building them here spares the cross-entropy the model would compute when given labels
     shift = getattr(model, "prepare_decoder_input_ids_from_labels", None)
     targets = {"decoder_input_ids": shift(labels=labels)} if shift is not None else {"labels": labels}
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **targets).logits  # (B, T, V)
+    return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **targets).logits
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0,
+                  reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy per target token; ``labels`` -100 on padding.  logits: (B, T, V), labels: (B, T)"""
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
                            label_smoothing=label_smoothing, reduction=reduction)
+
+
+def token_cross_entropy(model, batch: dict, label_smoothing: float = 0.0, reduction: str = "mean") -> torch.Tensor:
+    """Teacher-forced cross-entropy per target token."""
+    return cross_entropy(teacher_forced_logits(model, batch), batch["labels"], label_smoothing, reduction)
 
 
 def _peak_memory_mb(device: torch.device) -> float:

@@ -20,6 +20,7 @@ from torch import nn
 
 from gatedprune.adapters import ATTENTION_KINDS, check_kinds
 from gatedprune.budget import HeadBudget, resolve_targets
+from gatedprune.distill import DistillOptions
 from gatedprune.gates import GATE_MODES, GateOptions
 from gatedprune.gating import PENALTY_NORMALISATIONS, HeadGates
 from gatedprune.utils import check_numbers
@@ -37,12 +38,15 @@ class GatedPruning:
     # to trainer.max_steps. Every gated validation records how many heads changed side and how many gates are unsettled
     stop_when_stable: int | None = None
     gates: GateOptions = field(default_factory=GateOptions)  # the hard-concrete constants
+    distill: DistillOptions = field(default_factory=DistillOptions)  # from the dense model, while gating
 
     def __post_init__(self) -> None:
         check_numbers("pruning", self)
         if isinstance(self.gates, dict):  # from a config file
             check_numbers("pruning.gates", GateOptions, self.gates)
             self.gates = GateOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in self.gates.items()})
+        if isinstance(self.distill, dict):
+            self.distill = DistillOptions(**self.distill)
         self.kinds = check_kinds(self.kinds)
         if self.start_step < 0:
             raise ValueError(f"pruning.start_step={self.start_step} is negative; allowed: an integer >= 0")

@@ -8,6 +8,7 @@ penalty is off (the dense phase), so one run can train a baseline and then prune
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -18,7 +19,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from gatedprune.gating import attach_gates
 from gatedprune.methods import GatedPruning
 from gatedprune.checkpoints import describe
-from gatedprune.evaluate import GenerationConfig, corpus_scores, generate, score, token_cross_entropy
+from gatedprune.distill import frozen_copy, kl_distillation
+from gatedprune.evaluate import (
+    GenerationConfig, corpus_scores, cross_entropy, generate, score, teacher_forced_logits, token_cross_entropy,
+)
 from gatedprune.plots import save_gate_heatmap
 from gatedprune.utils import check_numbers
 
@@ -72,6 +76,10 @@ class GatedSeq2Seq(L.LightningModule):
         self.seed = seed
         self.gates = attach_gates(model, pruning.kinds, **asdict(pruning.gates))
         self.budget = pruning.build(self.gates)  # a method's own trainable state (a head budget's multipliers)
+        # the dense model as teacher (pruning.distill): a frozen copy, refreshed when the gated phase starts
+        self.teacher = frozen_copy(model) if pruning.distill.alpha > 0 else None
+        self._teacher_ready = False
+        self.teacher_ms: list[float] = []  # what the teacher's forward costs, per step
         self.save_hyperparameters(
             {"pruning": asdict(pruning), "optim": asdict(optim), "generation": asdict(generation)}
         )
@@ -110,11 +118,13 @@ class GatedSeq2Seq(L.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         self.gates.set_mode(self._train_gate_mode())
-        ce = self._cross_entropy(batch, self.optim.label_smoothing)
-        loss = ce
+        if self.teacher is not None and self.gating:
+            ce, loss = self._distilled(batch)
+        else:
+            ce = loss = self._cross_entropy(batch, self.optim.label_smoothing)
         if self.gating:
             penalty, logs = self.pruning.penalty(self.gates, self.budget, self.global_step - self.pruning.start_step)
-            loss = ce + penalty
+            loss = loss + penalty
             self.log_dict(logs, batch_size=1)
         ntokens = int((batch["labels"] != -100).sum())
         self.log("train/ce", ce, prog_bar=True, batch_size=ntokens)
@@ -127,7 +137,25 @@ class GatedSeq2Seq(L.LightningModule):
         # across processes, are then non-finite in all of them, and on_before_optimizer_step skips the step
         return loss
 
+    def _distilled(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(CE on the labels, (1 - alpha) CE + alpha T^2 KL(teacher || student)), from one student forward."""
+        options = self.pruning.distill
+        logits = teacher_forced_logits(self.model, batch)  # (B, T, V)
+        ce = cross_entropy(logits, batch["labels"], self.optim.label_smoothing)
+        start = time.perf_counter()
+        with torch.no_grad():
+            teacher_logits = teacher_forced_logits(self.teacher.eval(), batch)  # eval: Lightning's train() reaches it
+        self.teacher_ms.append(1000 * (time.perf_counter() - start))
+        kd = kl_distillation(logits, teacher_logits, batch["labels"], options.temperature)
+        self.log_dict({"train/distill": kd, "train/teacher_ms": self.teacher_ms[-1]}, batch_size=1)
+        return ce, (1 - options.alpha) * ce + options.alpha * kd
+
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+        if self.teacher is not None and self.gating and not self._teacher_ready:
+            # the first gated step: the weights now are the dense model's (the end of the dense phase, the checkpoint
+            # a fork started from, or the model a run without a dense phase starts with)
+            self.teacher.load_state_dict(self.model.state_dict())
+            self._teacher_ready = True
         # gate noise and dropout of step k depend on (seed, k, DDP rank) alone, so a resumed run draws what an
         # uninterrupted one would have, whatever else consumed random numbers in between; DDP processes draw
         # different gate samples, and their averaged gradients keep log_alpha identical across them
@@ -284,6 +312,7 @@ class GatedSeq2Seq(L.LightningModule):
         checkpoint["dense_test"] = self.dense_test
         checkpoint["plan_changes"] = self.plan_changes
         checkpoint["last_plan"] = self._last_plan
+        checkpoint["teacher_ready"] = self._teacher_ready
         checkpoint["skipped_steps"] = self.skipped_steps
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -292,3 +321,12 @@ class GatedSeq2Seq(L.LightningModule):
         self.skipped_steps = checkpoint.get("skipped_steps", 0)
         self.plan_changes = checkpoint.get("plan_changes", [])
         self._last_plan = checkpoint.get("last_plan")
+        self._teacher_ready = checkpoint.get("teacher_ready", False)
+        state = checkpoint["state_dict"]
+        saved_teacher = any(key.startswith("teacher.") for key in state)
+        if self.teacher is None and saved_teacher:  # distillation was on in the run that wrote it, and is off now
+            for key in [k for k in state if k.startswith("teacher.")]:
+                del state[key]
+        elif self.teacher is not None and not saved_teacher:  # e.g. a fork from a dense.ckpt written without it
+            state.update({f"teacher.{k[len('model.'):]}": v for k, v in list(state.items()) if k.startswith("model.")})
+            self._teacher_ready = False

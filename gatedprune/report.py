@@ -73,6 +73,10 @@ def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoin
         **pruning.describe(module.budget),
         **({} if gated else {"l0_lambda": None}),  # a dense baseline: no lambda was applied
         "budget": module.budget.report() if module.budget is not None else None,
+        "distill": {
+            "alpha": pruning.distill.alpha, "temperature": pruning.distill.temperature,
+            "teacher_ms_per_step": sum(module.teacher_ms) / len(module.teacher_ms) if module.teacher_ms else None,
+        },
         "convergence": {
             "unconverged_gates": gates.unconverged(), "stop_when_stable": pruning.stop_when_stable,
             "plan_changes": module.plan_changes,
