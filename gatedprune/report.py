@@ -40,11 +40,13 @@ def export_plan(export_report: dict) -> dict[str, list[int]]:
 
 
 def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoint: str, head_budget: int | None,
-                export: dict | None = None, exported: dict | None = None, test: dict | None = None) -> dict:
+                export: dict | None = None, exported: dict | None = None, test: dict | None = None,
+                finetuned: dict | None = None) -> dict:
     """metrics.json of a finished run.
 
     ``final``: the gated model's last validation (Lightning's logged values); ``export``: the exporter's report;
-    ``exported``: the exported model's validation score; ``test``: ``{"dense": score, "pruned" | "gated": score}``.
+    ``exported``: the exported model's validation score (after fine-tuning, if ``finetuned`` says it was fine-tuned);
+    ``test``: ``{"dense": score, "pruned" | "gated": score}``.
     """
     pruning, gates = module.pruning, module.gates
     gated = module.gates_trained  # False for a run that ended before pruning.start_step: a dense baseline
@@ -55,7 +57,8 @@ def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoin
     }
     params_before = sum(p.numel() for p in module.model.parameters())
     if exported is not None:
-        described = {"model": "exported", "bleu": exported["bleu"], "chrf": exported["chrf"],
+        name = f"exported, fine-tuned {finetuned['steps']} steps ({finetuned['dir']})" if finetuned else "exported"
+        described = {"model": name, "bleu": exported["bleu"], "chrf": exported["chrf"],
                      "val_loss": exported["loss"], "heads_alive": heads_kept(export), "params": export["params_after"],
                      "plan": export_plan(export)}
     else:
@@ -98,6 +101,8 @@ def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoin
             "dir": export["dir"], "rule": export["rule"], "heads_kept": export["heads_kept"],
             "params": export["params_after"], "verification": export["verification"],
         }
+    if finetuned is not None:
+        metrics["finetune"] = finetuned
     metrics["bleu_under_budget"] = budget_objective(metrics, head_budget)
     return metrics
 
@@ -114,7 +119,7 @@ def final_table(metrics: dict) -> str:
     name = f"{metrics['method']} (step {metrics['steps']})"
     columns[name] = {**gated, "test": None if "export" in metrics else final_test, "params": metrics["params_before"]}
     if "export" in metrics:
-        columns["exported"] = {**metrics, "test": final_test}
+        columns["exported" + (" + fine-tuned" if "finetune" in metrics else "")] = {**metrics, "test": final_test}
 
     def cell(column: dict, key: str, split: str) -> str:
         source = column if split == "validation" else column["test"]

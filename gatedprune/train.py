@@ -21,7 +21,8 @@ from gatedprune import rundir
 from gatedprune import checkpoints
 from gatedprune.checkpoints import check_resumable, load_checkpoint_file
 from gatedprune.cli import BAD_INPUT, one_line
-from gatedprune.export import check_out_dir, export_gated
+from gatedprune.export import check_out_dir, export_gated, save_pruned
+from gatedprune.finetune import FineTuneConfig, finetune
 from gatedprune.evaluate import score
 from gatedprune.module import GatedSeq2Seq
 from gatedprune.report import final_table, run_metrics
@@ -110,8 +111,15 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
     generation = _instantiate(cfg.generation)
     test_generation = _instantiate(cfg.test_generation)
     pruning.check_schedule(cfg.trainer.get("max_steps"))
+    tuning = _instantiate(cfg.finetune)
+    if tuning.distill and pruning.distill.alpha == 0:
+        raise ValueError("finetune.distill=true needs a teacher: set pruning.distill.alpha > 0 (it is kept only then)")
+    if tuning.steps and not cfg.export.enabled:
+        raise ValueError(f"finetune.steps={tuning.steps} fine-tunes the exported model; allowed with export.enabled=true")
     if cfg.export.enabled:
         check_out_dir(Path(cfg.export.out_dir), protected=[run_dir])
+        if tuning.steps:
+            check_out_dir(Path(tuning.out_dir), protected=[run_dir, Path(cfg.export.out_dir)])
     checkpoint = checkpoints.resume_checkpoint(cfg.resume, run_dir)
     saved = load_checkpoint_file(checkpoint) if checkpoint else None  # refuse a truncated or unsafe file now
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # quiet: stderr is for errors until set-up is done
@@ -136,11 +144,12 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
     loggers = [instantiate(c) for c in cfg.logger.values()]
     callbacks = [instantiate(c) for c in cfg.callbacks.values()]
     trainer: L.Trainer = instantiate(cfg.trainer, logger=loggers, callbacks=callbacks)
-    return trainer, module, datamodule, checkpoint
+    return trainer, module, datamodule, checkpoint, tuning
 
 
 def _fit_and_report(
-    cfg: DictConfig, run_dir: Path, trainer: L.Trainer, module: GatedSeq2Seq, datamodule, checkpoint: Path | None
+    cfg: DictConfig, run_dir: Path, trainer: L.Trainer, module: GatedSeq2Seq, datamodule, checkpoint: Path | None,
+    tuning: FineTuneConfig,
 ) -> dict:
     if checkpoint:
         print(f"resuming from {checkpoint}")
@@ -159,7 +168,7 @@ def _fit_and_report(
     test = {"dense": module.dense_test} if module.dense_test is not None else {}
     if not module.gates_trained:  # a dense baseline: its final model is the dense model
         test = {"dense": module.score_test("the end of the run")}
-    export = exported = None
+    export = exported = finetuned = None
     if cfg.export.enabled:
         rule, top_k = module.pruning.export_rule(module.budget)  # a head budget is met exactly: top-k per group
         if rule == "binary" and cfg.export.rule != "binary":  # export.rule=top-k export.top_k=N overrides the gates' own
@@ -173,15 +182,40 @@ def _fit_and_report(
         if module.gates_trained and "test" in datamodule.datasets:
             test["pruned"] = score(pruned, module.tokenizer, datamodule.loader("test", module.test_generation.batch_size,
                                                                                shard=False), module.test_generation)
+        if tuning.steps:
+            finetuned = _finetune(cfg, module, datamodule, pruned, tuning, before=exported)
+            exported = finetuned.pop("validation")
+            if "test" in finetuned:
+                test["pruned_before_finetune"], test["pruned"] = test.get("pruned"), finetuned.pop("test")
     elif module.gates_trained and "test" in datamodule.datasets:
         module.gates.set_mode(module._eval_gate_mode())
         test["gated"] = score(module.model, module.tokenizer, datamodule.loader(
             "test", module.test_generation.batch_size, shard=False), module.test_generation)
     test = {k: v for k, v in test.items() if v is not None}
-    metrics = run_metrics(module, trainer, final, **report, export=export, exported=exported, test=test or None)
+    metrics = run_metrics(module, trainer, final, **report, export=export, exported=exported, test=test or None,
+                          finetuned=finetuned)
     write_json(run_dir / "metrics.json", metrics)
     print(final_table(metrics))
     return metrics
+
+
+
+def _finetune(cfg: DictConfig, module: GatedSeq2Seq, datamodule, pruned, tuning: FineTuneConfig, before: dict) -> dict:
+    """Fine-tune the exported model (one device, no gates), write it to ``finetune.out_dir``, reload and score it."""
+    trainer = instantiate(cfg.trainer, max_steps=tuning.steps, devices=1, strategy="auto", num_nodes=1, logger=False,
+                          callbacks=[], enable_checkpointing=False, limit_val_batches=0, num_sanity_val_steps=0)
+    teacher = module.teacher if tuning.distill else None
+    tuned = finetune(pruned, datamodule, tuning, trainer, module.optim.label_smoothing, teacher, module.pruning.distill)
+    save_pruned(tuned, tuning.out_dir, module.tokenizer)
+    reloaded = load_pruned(tuning.out_dir).to(module.device)
+    result = {"dir": str(tuning.out_dir), "steps": tuning.steps, "lr": tuning.lr, "distill": tuning.distill,
+              "validation_before": {k: before[k] for k in ("bleu", "chrf", "loss")},
+              "validation": score(reloaded, module.tokenizer, datamodule.loader("validation", shard=False),
+                                  module.generation)}
+    if module.gates_trained and "test" in datamodule.datasets:
+        result["test"] = score(reloaded, module.tokenizer, datamodule.loader(
+            "test", module.test_generation.batch_size, shard=False), module.test_generation)
+    return result
 
 
 if __name__ == "__main__":  # python -m gatedprune.train [overrides]

@@ -80,3 +80,25 @@ def test_a_distilled_fork_starts_from_a_dense_checkpoint_written_without_a_teach
     dense = torch.load(plain / "checkpoints" / "dense.ckpt", map_location="cpu", weights_only=True)["state_dict"]
     state = torch.load(fork / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
     assert all(torch.equal(state[f"teacher.{k[len('model.'):]}"], v) for k, v in dense.items() if k.startswith("model."))
+
+
+def test_fine_tuning_the_exported_model_reloads_and_lowers_its_validation_loss(tmp_path):
+    from gatedprune import load_pruned
+
+    metrics = train(compose_train(tmp_path / "run", "experiment=smoke", "finetune.steps=10", "finetune.lr=1e-3"))
+    tuned = metrics["finetune"]
+    assert metrics["model"].startswith("exported, fine-tuned 10 steps") and tuned["steps"] == 10
+    assert metrics["val_loss"] <= tuned["validation_before"]["loss"]  # the fine-tuned model, as reloaded and scored
+    model = load_pruned(tuned["dir"])  # same pruned shapes as the export
+    exported = load_pruned(tmp_path / "run" / "pruned")
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in exported.parameters()) == metrics["params"]
+    assert any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(), exported.state_dict().values()))
+    assert set(metrics["test"]) == {"dense", "pruned", "pruned_before_finetune"}
+
+
+def test_fine_tuning_options_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="finetune.distill=true needs a teacher"):
+        train(compose_train(tmp_path / "a", "experiment=smoke", "finetune.steps=5", "finetune.distill=true"))
+    with pytest.raises(ValueError, match="allowed with export.enabled=true"):
+        train(compose_train(tmp_path / "b", "experiment=smoke", "finetune.steps=5", "export.enabled=false"))
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
