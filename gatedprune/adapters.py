@@ -1,75 +1,225 @@
-"""Where the attention heads of each supported seq2seq family live.
+"""Where the attention heads of an encoder-decoder model live, found by probing its modules.
 
-One data-only table maps a ``config.model_type`` to the location of its three attention kinds and the
-names of their projections; everything else in gatedprune is generic code driven by it. Adding a family
-is one table entry plus one entry in the tests' family list.
+A ``Layout`` is a data-only description of one way transformers writes attention: the names of the q/k/v/output
+projections, of the head-size attribute, of the attention modules inside a layer, and of the counters a surgery must
+keep in step. ``probe`` walks the model's ``nn.ModuleList``s, finds the encoder stack (layers with self-attention
+only) and the decoder stack (self- and cross-attention) that one layout describes, and reads the variants off the
+structure: grouped key/value heads (fewer k rows than q rows), a relative position bias owned by the first layer
+and shared, or owned by every layer. Everything else in gatedprune is generic code driven by the result.
+A model no layout describes, or that two describe, is refused with what was found; ``pin_layout`` decides for it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from torch import nn
 
 ATTENTION_KINDS = ("encoder", "decoder", "cross")
+PIN_KEY = "gatedprune_layout"  # config attribute holding a user-pinned layout (travels in config.json)
+
+
+class LayoutError(ValueError):
+    """No layout, or more than one, describes a model; ``short`` is the one-line reason without the advice."""
+
+    def __init__(self, message: str, short: str):
+        super().__init__(message)
+        self.short = short
 
 
 @dataclass(frozen=True)
-class FamilyAdapter:
-    layers: dict[str, str]  # stack ("encoder" | "decoder") -> path of its ModuleList of layers
-    attention: dict[str, tuple[str, str]]  # kind -> (stack, attention path inside one layer)
+class Layout:
+    name: str
     q: str
     k: str
     v: str
     o: str
-    num_heads_attr: str
     head_dim_attr: str
+    self_names: tuple[str, ...]  # path of the self-attention inside one layer, first that exists
+    cross_names: tuple[str, ...]  # path of the cross-attention inside one decoder layer
+    count_attrs: tuple[str, ...] = ("num_heads",)  # query-head counters, set by surgery where the module has them
+    kv_count_attrs: tuple[str, ...] = ("num_key_value_heads",)  # key/value-head counters, likewise
+    group_attr: str | None = "num_key_value_groups"  # query heads per key/value head (grouped-query attention)
     inner_dim_attr: str | None = None  # attribute holding heads * head_dim, if the family keeps one
-    # T5: the relative position bias embedding (buckets, heads) lives in the first layer of each stack
-    position_bias_attr: str | None = None
+    position_bias_attr: str | None = None  # relative position bias embedding (buckets, heads), if any
 
 
-_BART_LIKE = FamilyAdapter(
-    layers={"encoder": "model.encoder.layers", "decoder": "model.decoder.layers"},
-    attention={
-        "encoder": ("encoder", "self_attn"),
-        "decoder": ("decoder", "self_attn"),
-        "cross": ("decoder", "encoder_attn"),
-    },
-    q="q_proj",
-    k="k_proj",
-    v="v_proj",
-    o="out_proj",
-    num_heads_attr="num_heads",
-    head_dim_attr="head_dim",
-)
+_SELF = ("self_attn", "self_attention", "attention")
+_CROSS = ("encoder_attn", "cross_attention", "cross_attn")
 
-_T5_LIKE = FamilyAdapter(
-    layers={"encoder": "encoder.block", "decoder": "decoder.block"},
-    attention={
-        "encoder": ("encoder", "layer.0.SelfAttention"),
-        "decoder": ("decoder", "layer.0.SelfAttention"),
-        "cross": ("decoder", "layer.1.EncDecAttention"),
-    },
-    q="q",
-    k="k",
-    v="v",
-    o="o",
-    num_heads_attr="n_heads",
-    head_dim_attr="key_value_proj_dim",
-    inner_dim_attr="inner_dim",
-    position_bias_attr="relative_attention_bias",
-)
-
-ADAPTERS: dict[str, FamilyAdapter] = {
-    "bart": _BART_LIKE,
-    "mbart": _BART_LIKE,
-    "marian": _BART_LIKE,
-    "pegasus": _BART_LIKE,
-    "m2m_100": _BART_LIKE,
-    "t5": _T5_LIKE,
-    "mt5": _T5_LIKE,
+LAYOUTS: dict[str, Layout] = {
+    layout.name: layout
+    for layout in (
+        Layout("bart-like", "q_proj", "k_proj", "v_proj", "out_proj", "head_dim", _SELF, _CROSS),
+        Layout("llama-like", "q_proj", "k_proj", "v_proj", "o_proj", "head_dim", _SELF, _CROSS),
+        Layout(
+            "t5-like", "q", "k", "v", "o", "key_value_proj_dim", ("layer.0.SelfAttention",), ("layer.1.EncDecAttention",),
+            count_attrs=("n_heads",), inner_dim_attr="inner_dim", position_bias_attr="relative_attention_bias",
+        ),
+    )
 }
+
+# the model_types whose tiny models the tests build by hand; every other class is covered by the support table
+TESTED_FAMILIES = ("bart", "m2m_100", "marian", "mbart", "mt5", "pegasus", "t5", "umt5", "t5gemma", "whisper")
+
+
+@dataclass(frozen=True)
+class Structure:
+    """What ``probe`` found: the layout, the two stacks, and the variants."""
+
+    layout: Layout
+    layers: dict[str, str]  # "encoder" | "decoder" -> path of the ModuleList of layers
+    attention: dict[str, tuple[str, str]]  # kind -> (stack, attention path inside one layer)
+    position_bias: str | None  # "shared" (first layer owns it), "per-layer", or None
+    grouped: bool  # some attention module has fewer key/value heads than query heads
+
+    def describe(self) -> str:
+        variants = [f"{self.position_bias} position bias"] if self.position_bias else []
+        variants += ["grouped key/value heads"] if self.grouped else []
+        return self.layout.name + (f" ({', '.join(variants)})" if variants else "")
+
+
+def _linear(module: nn.Module, name: str) -> bool:
+    return isinstance(getattr(module, name, None), nn.Linear)
+
+
+def _matches(module: nn.Module | None, layout: Layout) -> bool:
+    """``module`` is an attention module of ``layout``: its four projections and its head size."""
+    return (
+        module is not None
+        and all(_linear(module, getattr(layout, p)) for p in ("q", "k", "v", "o"))
+        and isinstance(getattr(module, layout.head_dim_attr, None), int)
+    )
+
+
+def _first(layer: nn.Module, names: tuple[str, ...], layout: Layout) -> str | None:
+    """The first of ``names`` that is an attention module of ``layout`` inside ``layer``."""
+    for name in names:
+        try:
+            module = layer.get_submodule(name)
+        except AttributeError:
+            continue
+        if _matches(module, layout):
+            return name
+    return None
+
+
+def _attention_like(module: nn.Module) -> bool:
+    """Three or more linear children, one of them a query: what an attention module of any layout looks like."""
+    names = [n for n, child in module.named_children() if isinstance(child, nn.Linear)]
+    return len(names) >= 3 and any(n.lower().startswith(("q", "to_q", "linear_q")) for n in names)
+
+
+def _found(model: nn.Module) -> str:
+    """One line per distinct attention-like module class: where the first is, and its linear children."""
+    seen, lines = set(), []
+    for path, module in model.named_modules():
+        if _attention_like(module) and type(module).__name__ not in seen:
+            seen.add(type(module).__name__)
+            linears = [n for n, c in module.named_children() if isinstance(c, nn.Linear)]
+            lines.append(f"{path}: {type(module).__name__}({', '.join(linears)})")
+    return "; ".join(lines) or "no attention-like modules"
+
+
+def _stacks(model: nn.Module, layout: Layout) -> tuple[dict[str, list[str]], dict[str, tuple[str, str]]]:
+    """Every ModuleList whose layers all hold attention of ``layout``, as encoder-like or decoder-like stacks."""
+    stacks: dict[str, list[str]] = {"encoder": [], "decoder": []}
+    inner: dict[str, tuple[str, str]] = {}
+    for path, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList) or len(module) == 0:
+            continue
+        self_names = {_first(layer, layout.self_names, layout) for layer in module}
+        cross_names = {_first(layer, layout.cross_names, layout) for layer in module}
+        if len(self_names) != 1 or None in self_names or len(cross_names) != 1:
+            continue  # not every layer has the same self-attention
+        (self_name,), (cross_name,) = self_names, cross_names
+        stack = "encoder" if cross_name is None else "decoder"
+        stacks[stack].append(path)
+        inner[path] = (self_name, cross_name)
+    return stacks, inner
+
+
+def _pinned(model: nn.Module) -> dict | None:
+    return getattr(getattr(model, "config", None), PIN_KEY, None)
+
+
+def pin_layout(model: nn.Module, layout: str | dict) -> None:
+    """Decide the layout of a model the probe cannot: a layout name, or a dict with ``base`` (a layout name), any
+    ``Layout`` fields to change, and ``encoder_layers`` / ``decoder_layers`` (paths of the two stacks) to choose among
+    the stacks found. Kept on the config, so a saved model carries it."""
+    pin = {"base": layout} if isinstance(layout, str) else dict(layout)
+    base = pin.get("base")
+    fields = {f.name for f in dataclasses.fields(Layout)} - {"name"}
+    unknown = set(pin) - fields - {"base", "encoder_layers", "decoder_layers"}
+    if base not in LAYOUTS or unknown:
+        raise ValueError(
+            f"a pinned layout needs base (one of {', '.join(LAYOUTS)}), got {base!r}"
+            + (f"; unknown keys {sorted(unknown)}, allowed: {', '.join(sorted(fields))}, encoder_layers, decoder_layers"
+               if unknown else "")
+        )
+    model.config.__setattr__(PIN_KEY, pin)
+    probe(model)  # refuse a pin that does not describe the model, now rather than at the first forward
+
+
+def _pinned_layout(pin: dict) -> Layout:
+    changes = {k: tuple(v) if isinstance(v, list) else v for k, v in pin.items() if k not in ("base", "encoder_layers", "decoder_layers")}
+    return dataclasses.replace(LAYOUTS[pin["base"]], name=f"{pin['base']} (pinned)", **changes)
+
+
+def probe(model: nn.Module) -> Structure:
+    """The attention structure of ``model``, by matching its modules against ``LAYOUTS`` (or the pinned layout)."""
+    pin = _pinned(model)
+    layouts = [_pinned_layout(pin)] if pin else list(LAYOUTS.values())
+    matches, partial = [], []
+    for layout in layouts:
+        stacks, inner = _stacks(model, layout)
+        if pin:
+            for stack in ("encoder", "decoder"):
+                if pin.get(f"{stack}_layers"):
+                    stacks[stack] = [p for p in stacks[stack] if p == pin[f"{stack}_layers"]]
+        if len(stacks["encoder"]) == 1 and len(stacks["decoder"]) == 1:
+            matches.append((layout, stacks, inner))
+        elif stacks["encoder"] or stacks["decoder"]:
+            partial.append(
+                f"{layout.name}: encoder-like stacks {stacks['encoder'] or 'none'}, "
+                f"decoder stacks with cross-attention {stacks['decoder'] or 'none'} (needs exactly one of each)"
+            )
+    name = type(model).__name__
+    advice = "pin a layout (gatedprune.adapters.pin_layout, or model.layout in the config) if one fits"
+    if not matches:
+        found = f"found {_found(model)}" + (f"; partial matches: {'; '.join(partial)}" if partial else "")
+        raise LayoutError(
+            f"unsupported model class {name}: no attention layout describes it (layouts: {', '.join(LAYOUTS)}); "
+            f"{found}; {advice}",
+            short=f"no layout matches: {'; '.join(partial) if partial else found}",
+        )
+    if len(matches) > 1:
+        both = ", ".join(m[0].name for m in matches)
+        raise LayoutError(f"ambiguous model class {name}: layouts {both} all describe it; {advice}",
+                          short=f"ambiguous: layouts {both} all match")
+    layout, stacks, inner = matches[0]
+    layers = {stack: paths[0] for stack, paths in stacks.items()}
+    attention = {
+        "encoder": ("encoder", inner[layers["encoder"]][0]),
+        "decoder": ("decoder", inner[layers["decoder"]][0]),
+        "cross": ("decoder", inner[layers["decoder"]][1]),
+    }
+    position_bias, grouped = None, False
+    for kind, (stack, path) in attention.items():
+        modules = [layer.get_submodule(path) for layer in model.get_submodule(layers[stack])]
+        owners = [isinstance(getattr(m, layout.position_bias_attr or "", None), nn.Module) for m in modules]
+        if owners[0] and kind != "cross":
+            variant = "per-layer" if all(owners) else "shared" if not any(owners[1:]) else None
+            if variant is None or position_bias not in (None, variant):
+                raise LayoutError(
+                    f"unsupported model class {name}: the {kind} layers own a position bias in layers "
+                    f"{[i for i, o in enumerate(owners) if o]}; allowed: the first layer only (shared) or every layer",
+                    short=f"{kind} position bias owned by some layers only",
+                )
+            position_bias = variant
+        grouped |= any(getattr(m, layout.k).out_features < getattr(m, layout.q).out_features for m in modules)
+    return Structure(layout, layers, attention, position_bias, grouped)
 
 
 @dataclass(frozen=True)
@@ -80,29 +230,25 @@ class AttentionSite:
     kind: str
     layer: int
     module: nn.Module
-    adapter: FamilyAdapter
-
-    @property
-    def num_heads(self) -> int:
-        return int(getattr(self.module, self.adapter.num_heads_attr))
+    layout: Layout
+    own_position_bias: bool = False  # this module owns a per-layer relative position bias (buckets, heads)
 
     @property
     def head_dim(self) -> int:
-        return int(getattr(self.module, self.adapter.head_dim_attr))
+        return int(getattr(self.module, self.layout.head_dim_attr))
+
+    @property
+    def num_heads(self) -> int:
+        """Query heads, read off the query projection (families differ in which counters they keep)."""
+        return self.projection("q").out_features // self.head_dim
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.projection("k").out_features // self.head_dim
 
     def projection(self, name: str) -> nn.Linear:
         """``name`` is one of "q", "k", "v", "o"."""
-        return getattr(self.module, getattr(self.adapter, name))
-
-
-def adapter_for(model: nn.Module) -> FamilyAdapter:
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type not in ADAPTERS:
-        raise ValueError(
-            f"unsupported model class {type(model).__name__} (model_type={model_type!r}); "
-            f"supported model types: {', '.join(sorted(ADAPTERS))}"
-        )
-    return ADAPTERS[model_type]
+        return getattr(self.module, getattr(self.layout, name))
 
 
 def check_kinds(kinds) -> tuple[str, ...]:
@@ -118,15 +264,13 @@ def check_kinds(kinds) -> tuple[str, ...]:
 
 def attention_sites(model: nn.Module, kinds=ATTENTION_KINDS) -> list[AttentionSite]:
     """Every attention module of the requested kinds, in (kind, layer) order."""
-    adapter = adapter_for(model)
+    structure = probe(model)
     sites = []
     for kind in check_kinds(kinds):
-        stack, inner = adapter.attention[kind]
-        layers_path = adapter.layers[stack]
-        layers = model.get_submodule(layers_path)
-        for i in range(len(layers)):
+        stack, inner = structure.attention[kind]
+        layers_path = structure.layers[stack]
+        for i in range(len(model.get_submodule(layers_path))):
             path = f"{layers_path}.{i}.{inner}"
-            sites.append(AttentionSite(path, kind, i, model.get_submodule(path), adapter))
-    if not sites:
-        raise ValueError(f"no attention modules of kinds {list(kinds)} found in {type(model).__name__}")
+            own = structure.position_bias == "per-layer" and kind != "cross"
+            sites.append(AttentionSite(path, kind, i, model.get_submodule(path), structure.layout, own))
     return sites

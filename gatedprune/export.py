@@ -31,14 +31,15 @@ from gatedprune.gating import HeadGates, attach_gates
 from gatedprune.remote_modeling import CONFIG_KEY
 from gatedprune.utils import load_gated_checkpoint_file
 from gatedprune.surgery import (
+    auto_class,
     count_parameters,
     family_class,
     fresh_model,
-    head_parameters,
     load_pruned,
     masked_heads,
     plan_record,
     prune_heads,
+    record_removed_parameters,
     removed_parameters,
 )
 
@@ -239,7 +240,10 @@ def _write_model(model: transformers.PreTrainedModel, directory: Path, tokenizer
     # written into the file, not onto the model: the caller's config stays as it was
     config_file = directory / "config.json"
     config = json.loads(config_file.read_text())
-    config["auto_map"] = {"AutoModelForSeq2SeqLM": f"{Path(MODELING_FILE).stem}.{class_name}"}
+    # AutoModelForSeq2SeqLM as before; a speech model (Whisper) also under its own Auto class
+    auto_map = {auto.__name__: f"{Path(MODELING_FILE).stem}.{class_name}" for auto in {
+        transformers.AutoModelForSeq2SeqLM, auto_class(model.config)}}
+    config["auto_map"] = dict(sorted(auto_map.items()))
     config[CONFIG_KEY]["source_model"] = _source_model(model)
     config[CONFIG_KEY]["versions"] = _versions()
     config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
@@ -253,7 +257,7 @@ def _describe(model: transformers.PreTrainedModel, directory: Path, file_size_be
     """Plan, head and parameter counts, file sizes of a pruned model saved in ``directory``."""
     record = plan_record(model)
     sites = attention_sites(model)
-    removed = sum(head_parameters(s) * (record["num_heads"][s.path] - s.num_heads) for s in sites)
+    removed = record_removed_parameters(model)
     params_after = count_parameters(model)
     size_after = _weights_size(directory)
     if file_size_before is None:  # the weights of the removed heads, at the saved precision
@@ -444,7 +448,7 @@ def export_gated(
         reload_options = {"dtype": torch.float32, "attn_implementation": work.config._attn_implementation}
         reloaded = {
             "load_pruned": load_pruned(stage, **reload_options),
-            "trust_remote_code": transformers.AutoModelForSeq2SeqLM.from_pretrained(
+            "trust_remote_code": auto_class(work.config).from_pretrained(
                 stage, trust_remote_code=True, **reload_options
             ),
         }
