@@ -51,7 +51,7 @@ _CROSS = ("encoder_attn", "cross_attention", "cross_attn")
 LAYOUTS: dict[str, Layout] = {
     layout.name: layout
     for layout in (
-        Layout("bart-like", "q_proj", "k_proj", "v_proj", "out_proj", "head_dim", _SELF, _CROSS),
+        Layout("bart-like", "q_proj", "k_proj", "v_proj", "out_proj", "head_dim", _SELF, _CROSS, inner_dim_attr="embed_dim"),
         Layout("llama-like", "q_proj", "k_proj", "v_proj", "o_proj", "head_dim", _SELF, _CROSS),
         Layout(
             "t5-like", "q", "k", "v", "o", "key_value_proj_dim", ("layer.0.SelfAttention",), ("layer.1.EncDecAttention",),
