@@ -60,10 +60,6 @@ LAYOUTS: dict[str, Layout] = {
     )
 }
 
-# the model_types whose tiny models the tests build by hand; every other class is covered by the support table
-TESTED_FAMILIES = ("bart", "m2m_100", "marian", "mbart", "mt5", "pegasus", "t5", "umt5", "t5gemma", "whisper")
-
-
 @dataclass(frozen=True)
 class Structure:
     """What ``probe`` found: the layout, the two stacks, and the variants."""
