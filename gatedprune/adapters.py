@@ -118,6 +118,22 @@ def _found(model: nn.Module) -> str:
     return "; ".join(lines) or "no attention-like modules"
 
 
+def _other_head_parts(module: nn.Module, layout: Layout) -> list[str]:
+    """Linear children and parameters of ``module`` other than the layout's, shaped per query head (H * D rows, or
+    (H, D)): a relative-key projection or per-head biases, which surgery would have to cut as well."""
+    q, head_dim = getattr(module, layout.q), int(getattr(module, layout.head_dim_attr))
+    own = {getattr(layout, p) for p in ("q", "k", "v", "o")}
+    parts = [
+        name for name, child in module.named_children()
+        if isinstance(child, nn.Linear) and name not in own and child.out_features == q.out_features
+    ]
+    parts += [
+        name for name, p in module.named_parameters(recurse=False)
+        if tuple(p.shape) == (q.out_features // head_dim, head_dim)
+    ]
+    return parts
+
+
 def _stacks(model: nn.Module, layout: Layout) -> tuple[dict[str, list[str]], dict[str, tuple[str, str]]]:
     """Every ModuleList whose layers all hold attention of ``layout``, as encoder-like or decoder-like stacks."""
     stacks: dict[str, list[str]] = {"encoder": [], "decoder": []}
@@ -215,6 +231,13 @@ def probe(model: nn.Module) -> Structure:
                 )
             position_bias = variant
         grouped |= any(getattr(m, layout.k).out_features < getattr(m, layout.q).out_features for m in modules)
+        extra = sorted({part for m in modules for part in _other_head_parts(m, layout)})
+        if extra:
+            raise LayoutError(
+                f"unsupported model class {name}: its {kind} attention {type(modules[0]).__name__} has per-head parts "
+                f"besides {layout.name}'s q/k/v/o projections: {', '.join(extra)}; pruning would leave them whole",
+                short=f"{kind} attention has per-head parts no layout cuts: {', '.join(extra)}",
+            )
     return Structure(layout, layers, attention, position_bias, grouped)
 
 

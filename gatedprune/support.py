@@ -41,7 +41,7 @@ def _tiny_value(name: str, value: int, fields: dict) -> int:
         return TINY["kv_heads"] if value < heads else TINY["heads"]
     if name.endswith("heads") and "attention" in name or name in ("num_heads", "n_head", "n_heads"):
         return min(value, TINY["heads"])
-    if name.endswith("layers") or name in ("num_hidden_layers", "n_layer", "num_layers"):
+    if (name.endswith("layers") and not any(w in name for w in ("conv", "feat", "extract"))) or name == "n_layer":
         return min(value, TINY["layers"])
     if name in ("head_dim", "d_kv", "attention_head_dim") or name.endswith("_head_dim"):
         return min(value, TINY["head_dim"])
@@ -149,6 +149,12 @@ def greedy(model: nn.Module, inputs: dict, max_new_tokens: int = 6) -> torch.Ten
                           do_sample=False, num_beams=1)
 
 
+def _error(error: Exception, limit: int = 120) -> str:
+    """``Type: first line of the message`` (just ``Type`` when the message is empty)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:limit]}" if lines else type(error).__name__
+
+
 def _check(condition: bool, reason: str) -> None:
     if not condition:
         raise NotSupported(reason)
@@ -217,11 +223,18 @@ def check_class(cls: type, directory: Path) -> str:
     try:
         model = build_tiny(cls)
     except Exception as error:  # noqa: BLE001  (any failure here is the shrinking rule's, reported as such)
-        raise NotSupported(f"tiny default config does not build ({type(error).__name__})") from error
+        raise NotSupported(
+            f"not checked: its default config shrunk by the generic rule does not build ({_error(error)})"
+        ) from error
     try:
         structure = probe(model)
     except LayoutError as error:
         raise NotSupported(error.short) from error
+    try:  # the untouched model on the generic inputs: a failure here is the checks', not gatedprune's
+        inputs = tiny_inputs(model)
+        logits(model, inputs), greedy(model, inputs)
+    except Exception as error:  # noqa: BLE001
+        raise NotSupported(f"not checked: the generic tiny inputs do not fit this class ({_error(error)})") from error
     steps = {
         "gates": lambda: check_gates(cls),
         "surgery": lambda: check_surgery(cls, lambda s: PLAN[s.kind][s.layer], directory / "some"),
@@ -233,6 +246,5 @@ def check_class(cls: type, directory: Path) -> str:
         except NotSupported:
             raise
         except Exception as error:  # noqa: BLE001  (the class computes or loads wrong once gated or cut)
-            first = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
-            raise NotSupported(f"{step} fails: {type(error).__name__}: {first}") from error
+            raise NotSupported(f"{step} fails: {_error(error, 160)}") from error
     return structure.describe()
