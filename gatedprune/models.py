@@ -45,7 +45,26 @@ def load_model(
         model = _from_scratch(tokenizer, from_scratch, attn_implementation, layout)
     if layout is not None:
         pin_layout(model, layout)
+    start_with_target_language(model, tokenizer)
     return model
+
+
+def start_with_target_language(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Generate targets framed as the tokenizer frames them when it has a target language code (``tgt_lang``).
+
+    Read off the tokenizer's own behaviour, not its family: a code it puts first in targets (mBART-50, M2M100,
+    NLLB) is forced as the first generated token; a code it puts last (mBART-cc25: the label shift moves it to the
+    front) starts the decoder.
+    """
+    code = getattr(tokenizer, "tgt_lang", None)
+    if not isinstance(code, str) or code not in tokenizer.get_vocab():
+        return
+    code_id = tokenizer.convert_tokens_to_ids(code)
+    target = tokenizer(text_target="a")["input_ids"]
+    if target[0] == code_id:
+        model.generation_config.forced_bos_token_id = code_id
+    elif target[-1] == code_id:
+        model.generation_config.decoder_start_token_id = code_id
 
 
 def _from_scratch(tokenizer, from_scratch: dict | None, attn_implementation: str, layout) -> PreTrainedModel:
