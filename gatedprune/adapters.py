@@ -170,7 +170,7 @@ def pin_layout(model: nn.Module, layout: str | dict) -> None:
             + (f"; unknown keys {sorted(unknown)}, allowed: {', '.join(sorted(fields))}, encoder_layers, decoder_layers"
                if unknown else "")
         )
-    model.config.__setattr__(PIN_KEY, pin)
+    setattr(model.config, PIN_KEY, pin)
     probe(model)  # refuse a pin that does not describe the model, now rather than at the first forward
 
 
