@@ -107,15 +107,17 @@ def _attention_like(module: nn.Module) -> bool:
     return len(names) >= 3 and any(n.lower().startswith(("q", "to_q", "linear_q")) for n in names)
 
 
-def _found(model: nn.Module) -> str:
-    """One line per distinct attention-like module class: where the first is, and its linear children."""
-    seen, lines = set(), []
+def _unplaced(model: nn.Module, placed: set[int]) -> str:
+    """Each class of attention-like module outside the stacks found (by id in ``placed``): where the first is,
+    and its linear children."""
+    seen, found = set(), []
     for path, module in model.named_modules():
-        if _attention_like(module) and type(module).__name__ not in seen:
-            seen.add(type(module).__name__)
+        kind = type(module).__name__
+        if _attention_like(module) and kind not in seen and id(module) not in placed:
+            seen.add(kind)
             linears = [n for n, c in module.named_children() if isinstance(c, nn.Linear)]
-            lines.append(f"{path}: {type(module).__name__}({', '.join(linears)})")
-    return "; ".join(lines) or "no attention-like modules"
+            found.append(f"{kind}({', '.join(linears)}) at {path}")
+    return "; ".join(found)
 
 
 def _other_head_parts(module: nn.Module, layout: Layout) -> list[str]:
@@ -183,7 +185,7 @@ def probe(model: nn.Module) -> Structure:
     """The attention structure of ``model``, by matching its modules against ``LAYOUTS`` (or the pinned layout)."""
     pin = _pinned(model)
     layouts = [_pinned_layout(pin)] if pin else list(LAYOUTS.values())
-    matches, partial = [], []
+    matches, encoders, decoders, placed = [], set(), set(), set()
     for layout in layouts:
         stacks, inner = _stacks(model, layout)
         if pin:
@@ -192,19 +194,27 @@ def probe(model: nn.Module) -> Structure:
                     stacks[stack] = [p for p in stacks[stack] if p == pin[f"{stack}_layers"]]
         if len(stacks["encoder"]) == 1 and len(stacks["decoder"]) == 1:
             matches.append((layout, stacks, inner))
-        elif stacks["encoder"] or stacks["decoder"]:
-            partial.append(
-                f"{layout.name}: encoder-like stacks {stacks['encoder'] or 'none'}, "
-                f"decoder stacks with cross-attention {stacks['decoder'] or 'none'} (needs exactly one of each)"
-            )
+        encoders.update(stacks["encoder"])
+        decoders.update(stacks["decoder"])
+        for path in stacks["encoder"] + stacks["decoder"]:
+            for layer in model.get_submodule(path):
+                placed.update(id(layer.get_submodule(name)) for name in inner[path] if name is not None)
     name = type(model).__name__
     advice = "pin a layout (gatedprune.adapters.pin_layout, or model.layout in the config) if one fits"
     if not matches:
-        found = f"found {_found(model)}" + (f"; partial matches: {'; '.join(partial)}" if partial else "")
+        unmatched = _unplaced(model, placed)
+        first_unmatched = unmatched.split(" at ")[0] + (", ..." if ";" in unmatched else "")
+        if not decoders:
+            short = "no decoder layers with cross-attention"
+        elif not encoders:
+            short = f"decoder {', '.join(sorted(decoders))} matches, but no encoder layers do"
+        else:
+            short = f"encoder-like stacks {sorted(encoders)} and decoder stacks {sorted(decoders)}: not one of each"
+        found = (f"; self-attention stacks found: {sorted(encoders)}" if encoders and not decoders else "") + (
+            f"; attention outside them: {unmatched}" if unmatched else "")
         raise LayoutError(
-            f"unsupported model class {name}: no attention layout describes it (layouts: {', '.join(LAYOUTS)}); "
-            f"{found}; {advice}",
-            short=f"no layout matches: {'; '.join(partial) if partial else found}",
+            f"unsupported model class {name}: {short} (layouts: {', '.join(l.name for l in layouts)}){found}; {advice}",
+            short=short + (f"; found {first_unmatched}" if unmatched else ""),
         )
     if len(matches) > 1:
         both = ", ".join(m[0].name for m in matches)

@@ -34,9 +34,11 @@ def test_probe_finds_layout_and_variants(cls, layout, bias, grouped):
     ("cls", "message"),
     [
         (transformers.LongT5ForConditionalGeneration,
-         r"no attention layout describes it .*LongT5LocalAttention\(q, k, v, o\).*t5-like: encoder-like stacks none"),
+         r"decoder decoder.block matches, but no encoder layers do .*attention outside them: "
+         r"LongT5LocalAttention\(q, k, v, o\) at encoder.block.0.layer.0.LocalSelfAttention"),
         (transformers.Qwen2AudioForConditionalGeneration,
-         r"decoder stacks with cross-attention none"),
+         r"no decoder layers with cross-attention .*self-attention stacks found: \['model.audio_tower.layers', "
+         r"'model.language_model.layers'\]"),
     ],
 )
 def test_models_no_layout_describes_are_refused_with_what_was_found(cls, message):
@@ -47,7 +49,8 @@ def test_models_no_layout_describes_are_refused_with_what_was_found(cls, message
 def test_two_encoder_stacks_are_refused_until_one_is_pinned():
     model = build_tiny(transformers.BartForConditionalGeneration)
     model.model.extra = copy.deepcopy(model.model.encoder.layers)  # a second stack of self-attention layers
-    with pytest.raises(ValueError, match=r"encoder-like stacks \['model.encoder.layers', 'model.extra'\]"):
+    with pytest.raises(ValueError, match=r"encoder-like stacks \['model.encoder.layers', 'model.extra'\] and decoder "
+                                         r"stacks \['model.decoder.layers'\]: not one of each"):
         probe(model)
     pin_layout(model, {"base": "bart-like", "encoder_layers": "model.encoder.layers"})
     assert attention_sites(model, "encoder")[1].path == "model.encoder.layers.1.self_attn"
@@ -60,7 +63,7 @@ def test_a_pin_that_does_not_fit_is_refused():
         pin_layout(model, "gpt")
     with pytest.raises(ValueError, match=r"unknown keys \['heads'\]"):
         pin_layout(model, {"base": "bart-like", "heads": 3})
-    with pytest.raises(ValueError, match="no attention layout describes it"):
+    with pytest.raises(ValueError, match=r"no decoder layers with cross-attention \(layouts: t5-like \(pinned\)\)"):
         pin_layout(model, "t5-like")
 
 

@@ -174,5 +174,5 @@ def test_unknown_kind_is_refused(family_model):
 def test_unsupported_model_is_refused():
     config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=10)
     model = transformers.GPT2LMHeadModel(config)
-    with pytest.raises(ValueError, match="unsupported model class GPT2LMHeadModel: no attention layout describes it"):
+    with pytest.raises(ValueError, match="unsupported model class GPT2LMHeadModel: no decoder layers with cross-attention"):
         attach_gates(model)
