@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from gatedprune.remote_modeling import attr
+
 ATTENTION_KINDS = ("encoder", "decoder", "cross")
 PIN_KEY = "gatedprune_layout"  # config attribute holding a user-pinned layout (travels in config.json)
 
@@ -53,6 +55,11 @@ LAYOUTS: dict[str, Layout] = {
     for layout in (
         Layout("bart-like", "q_proj", "k_proj", "v_proj", "out_proj", "head_dim", _SELF, _CROSS, inner_dim_attr="embed_dim"),
         Layout("llama-like", "q_proj", "k_proj", "v_proj", "o_proj", "head_dim", _SELF, _CROSS),
+        Layout(  # BERT as encoder and decoder of an EncoderDecoderModel: the output projection sits beside the rest
+            "bert-like", "self.query", "self.key", "self.value", "output.dense", "self.attention_head_size",
+            ("attention",), ("crossattention",), count_attrs=("self.num_attention_heads",),
+            inner_dim_attr="self.all_head_size",
+        ),
         Layout(
             "t5-like", "q", "k", "v", "o", "key_value_proj_dim", ("layer.0.SelfAttention",), ("layer.1.EncDecAttention",),
             count_attrs=("n_heads",), inner_dim_attr="inner_dim", position_bias_attr="relative_attention_bias",
@@ -62,22 +69,25 @@ LAYOUTS: dict[str, Layout] = {
 
 @dataclass(frozen=True)
 class Structure:
-    """What ``probe`` found: the layout, the two stacks, and the variants."""
+    """What ``probe`` found: the two stacks, the layout of each (a SpeechEncoderDecoderModel may pair two), the
+    variants."""
 
-    layout: Layout
+    layouts: dict[str, Layout]  # "encoder" | "decoder" -> the layout of that stack's attention
     layers: dict[str, str]  # "encoder" | "decoder" -> path of the ModuleList of layers
     attention: dict[str, tuple[str, str]]  # kind -> (stack, attention path inside one layer)
-    position_bias: str | None  # "shared" (first layer owns it), "per-layer", or None
+    position_bias: dict[str, str | None]  # stack -> "shared" (first layer owns it), "per-layer", or None
     grouped: bool  # some attention module has fewer key/value heads than query heads
 
     def describe(self) -> str:
-        variants = [f"{self.position_bias} position bias"] if self.position_bias else []
+        variants = sorted({f"{v} position bias" for v in self.position_bias.values() if v})
         variants += ["grouped key/value heads"] if self.grouped else []
-        return self.layout.name + (f" ({', '.join(variants)})" if variants else "")
+        encoder, decoder = self.layouts["encoder"].name, self.layouts["decoder"].name
+        names = encoder if encoder == decoder else f"{encoder} encoder, {decoder} decoder"
+        return names + (f" ({', '.join(variants)})" if variants else "")
 
 
 def _linear(module: nn.Module, name: str) -> bool:
-    return isinstance(getattr(module, name, None), nn.Linear)
+    return isinstance(attr(module, name), nn.Linear)
 
 
 def _matches(module: nn.Module | None, layout: Layout) -> bool:
@@ -85,7 +95,7 @@ def _matches(module: nn.Module | None, layout: Layout) -> bool:
     return (
         module is not None
         and all(_linear(module, getattr(layout, p)) for p in ("q", "k", "v", "o"))
-        and isinstance(getattr(module, layout.head_dim_attr, None), int)
+        and isinstance(attr(module, layout.head_dim_attr), int)
     )
 
 
@@ -123,7 +133,7 @@ def _unplaced(model: nn.Module, placed: set[int]) -> str:
 def _other_head_parts(module: nn.Module, layout: Layout) -> list[str]:
     """Linear children and parameters of ``module`` other than the layout's, shaped per query head (H * D rows, or
     (H, D)): a relative-key projection or per-head biases, which surgery would have to cut as well."""
-    q, head_dim = getattr(module, layout.q), int(getattr(module, layout.head_dim_attr))
+    q, head_dim = attr(module, layout.q), int(attr(module, layout.head_dim_attr))
     own = {getattr(layout, p) for p in ("q", "k", "v", "o")}
     parts = [
         name for name, child in module.named_children()
@@ -185,62 +195,64 @@ def probe(model: nn.Module) -> Structure:
     """The attention structure of ``model``, by matching its modules against ``LAYOUTS`` (or the pinned layout)."""
     pin = _pinned(model)
     layouts = [_pinned_layout(pin)] if pin else list(LAYOUTS.values())
-    matches, encoders, decoders, placed = [], set(), set(), set()
+    found: dict[str, list[tuple[Layout, str, tuple[str, str | None]]]] = {"encoder": [], "decoder": []}
+    placed = set()  # ids of the attention modules inside the stacks found
     for layout in layouts:
         stacks, inner = _stacks(model, layout)
-        if pin:
-            for stack in ("encoder", "decoder"):
-                if pin.get(f"{stack}_layers"):
-                    stacks[stack] = [p for p in stacks[stack] if p == pin[f"{stack}_layers"]]
-        if len(stacks["encoder"]) == 1 and len(stacks["decoder"]) == 1:
-            matches.append((layout, stacks, inner))
-        encoders.update(stacks["encoder"])
-        decoders.update(stacks["decoder"])
-        for path in stacks["encoder"] + stacks["decoder"]:
-            for layer in model.get_submodule(path):
-                placed.update(id(layer.get_submodule(name)) for name in inner[path] if name is not None)
+        for stack, paths in stacks.items():
+            wanted = pin.get(f"{stack}_layers") if pin else None
+            found[stack] += [(layout, path, inner[path]) for path in paths if wanted in (None, path)]
+            for path in paths:
+                for layer in model.get_submodule(path):
+                    placed.update(id(layer.get_submodule(n)) for n in inner[path] if n is not None)
     name = type(model).__name__
     advice = "pin a layout (gatedprune.adapters.pin_layout, or model.layout in the config) if one fits"
-    if not matches:
+    encoders, decoders = ([path for _, path, _ in found[stack]] for stack in ("encoder", "decoder"))
+    for paths in (encoders, decoders):
+        twice = sorted({p for p in paths if paths.count(p) > 1})
+        if twice:
+            both = ", ".join(layout.name for stack in found.values() for layout, path, _ in stack if path == twice[0])
+            raise LayoutError(f"ambiguous model class {name}: layouts {both} all describe {twice[0]}; {advice}",
+                              short=f"ambiguous: layouts {both} all describe {twice[0]}")
+    if len(encoders) != 1 or len(decoders) != 1:
         unmatched = _unplaced(model, placed)
         first_unmatched = unmatched.split(" at ")[0] + (", ..." if ";" in unmatched else "")
         if not decoders:
             short = "no decoder layers with cross-attention"
         elif not encoders:
-            short = f"decoder {', '.join(sorted(decoders))} matches, but no encoder layers do"
+            short = f"decoder {', '.join(decoders)} matches, but no encoder layers do"
         else:
             short = f"encoder-like stacks {sorted(encoders)} and decoder stacks {sorted(decoders)}: not one of each"
-        found = (f"; self-attention stacks found: {sorted(encoders)}" if encoders and not decoders else "") + (
+        extra = (f"; self-attention stacks found: {sorted(encoders)}" if encoders and not decoders else "") + (
             f"; attention outside them: {unmatched}" if unmatched else "")
         raise LayoutError(
-            f"unsupported model class {name}: {short} (layouts: {', '.join(l.name for l in layouts)}){found}; {advice}",
+            f"unsupported model class {name}: {short} (layouts: {', '.join(l.name for l in layouts)}){extra}; {advice}",
             short=short + (f"; found {first_unmatched}" if unmatched else ""),
         )
-    if len(matches) > 1:
-        both = ", ".join(m[0].name for m in matches)
-        raise LayoutError(f"ambiguous model class {name}: layouts {both} all describe it; {advice}",
-                          short=f"ambiguous: layouts {both} all match")
-    layout, stacks, inner = matches[0]
-    layers = {stack: paths[0] for stack, paths in stacks.items()}
+    (encoder_layout, encoder_path, encoder_inner), = found["encoder"]
+    (decoder_layout, decoder_path, decoder_inner), = found["decoder"]
+    layouts = {"encoder": encoder_layout, "decoder": decoder_layout}
+    layers = {"encoder": encoder_path, "decoder": decoder_path}
     attention = {
-        "encoder": ("encoder", inner[layers["encoder"]][0]),
-        "decoder": ("decoder", inner[layers["decoder"]][0]),
-        "cross": ("decoder", inner[layers["decoder"]][1]),
+        "encoder": ("encoder", encoder_inner[0]),
+        "decoder": ("decoder", decoder_inner[0]),
+        "cross": ("decoder", decoder_inner[1]),
     }
-    position_bias, grouped = None, False
+    position_bias, grouped = {"encoder": None, "decoder": None}, False
     for kind, (stack, path) in attention.items():
+        layout = layouts[stack]
         modules = [layer.get_submodule(path) for layer in model.get_submodule(layers[stack])]
         owners = [isinstance(getattr(m, layout.position_bias_attr or "", None), nn.Module) for m in modules]
         if owners[0] and kind != "cross":
             variant = "per-layer" if all(owners) else "shared" if not any(owners[1:]) else None
-            if variant is None or position_bias not in (None, variant):
+            if variant is None:
                 raise LayoutError(
                     f"unsupported model class {name}: the {kind} layers own a position bias in layers "
                     f"{[i for i, o in enumerate(owners) if o]}; allowed: the first layer only (shared) or every layer",
                     short=f"{kind} position bias owned by some layers only",
                 )
-            position_bias = variant
-        grouped |= any(getattr(m, layout.k).out_features < getattr(m, layout.q).out_features for m in modules)
+            position_bias[stack] = variant
+        grouped |= any(attr(m, layout.k).out_features < attr(m, layout.q).out_features for m in modules)
         extra = sorted({part for m in modules for part in _other_head_parts(m, layout)})
         if extra:
             raise LayoutError(
@@ -248,7 +260,7 @@ def probe(model: nn.Module) -> Structure:
                 f"besides {layout.name}'s q/k/v/o projections: {', '.join(extra)}; pruning would leave them whole",
                 short=f"{kind} attention has per-head parts no layout cuts: {', '.join(extra)}",
             )
-    return Structure(layout, layers, attention, position_bias, grouped)
+    return Structure(layouts, layers, attention, position_bias, grouped)
 
 
 @dataclass(frozen=True)
@@ -264,7 +276,7 @@ class AttentionSite:
 
     @property
     def head_dim(self) -> int:
-        return int(getattr(self.module, self.layout.head_dim_attr))
+        return int(attr(self.module, self.layout.head_dim_attr))
 
     @property
     def num_heads(self) -> int:
@@ -277,7 +289,7 @@ class AttentionSite:
 
     def projection(self, name: str) -> nn.Linear:
         """``name`` is one of "q", "k", "v", "o"."""
-        return getattr(self.module, getattr(self.layout, name))
+        return attr(self.module, getattr(self.layout, name))
 
 
 def check_kinds(kinds) -> tuple[str, ...]:
@@ -300,6 +312,6 @@ def attention_sites(model: nn.Module, kinds=ATTENTION_KINDS) -> list[AttentionSi
         layers_path = structure.layers[stack]
         for i in range(len(model.get_submodule(layers_path))):
             path = f"{layers_path}.{i}.{inner}"
-            own = structure.position_bias == "per-layer" and kind != "cross"
-            sites.append(AttentionSite(path, kind, i, model.get_submodule(path), structure.layout, own))
+            own = structure.position_bias[stack] == "per-layer" and kind != "cross"
+            sites.append(AttentionSite(path, kind, i, model.get_submodule(path), structure.layouts[stack], own))
     return sites

@@ -11,9 +11,10 @@ transformers and takes everything it needs to know about the family from the pla
      "slots": {path: query heads physically present, original numbering (kept heads, plus zero-output fillers
                where grouped-query attention needs every key/value head to serve the same number of query heads)},
      "kv_heads": {path: key/value heads physically present, original numbering},
-     "layout": {"q", "k", "v", "o": projection names, "head_dim_attr", "count_attrs", "kv_count_attrs",
-                "group_attr", "inner_dim_attr", "position_bias_attr": attribute names (the last three may be null),
-                "position_bias": "shared" | "per-layer" | null},
+     "layout": {"encoder" | "decoder" (the stack): {"q", "k", "v", "o": projection names (dotted where nested),
+                "head_dim_attr", "count_attrs", "kv_count_attrs", "group_attr", "inner_dim_attr",
+                "position_bias_attr": attribute names (the last three may be null),
+                "position_bias": "shared" | "per-layer" | null}},
      "rule": how the plan was made (e.g. "binary") or null,
      "source_model", "versions": added by the exporter}
 """
@@ -48,11 +49,20 @@ def _keep_features(linear: nn.Linear, index: torch.Tensor, dim: int) -> None:
         linear.in_features = len(index)  # the output bias is kept whole: it is added whatever heads remain
 
 
+def attr(module: nn.Module, name: str, default=None):
+    """``module``'s attribute at a dotted ``name`` ("q_proj", or "self.query" where a family nests its parts)."""
+    for part in name.split("."):
+        module = getattr(module, part, default)
+    return module
+
+
 def _set(module: nn.Module, names, value: int) -> None:
-    """Set whichever of the counters ``names`` the module has (families keep different ones)."""
+    """Set whichever of the counters ``names`` (dotted) the module has (families keep different ones)."""
     for name in names or ():
-        if name and hasattr(module, name):
-            setattr(module, name, value)
+        owner, _, leaf = (name or "").rpartition(".")
+        owner = attr(module, owner) if owner else module
+        if name and hasattr(owner, leaf):
+            setattr(owner, leaf, value)
 
 
 def prune_attention(module: nn.Module, slots: list[int], kv_heads: list[int], layout: dict, fillers=()) -> None:
@@ -64,15 +74,15 @@ def prune_attention(module: nn.Module, slots: list[int], kv_heads: list[int], la
     number of query heads: their output-projection columns are zeroed, so they contribute nothing. Zero slots is
     allowed: the module then returns its output bias (zeros for bias-free families), as a fully gated module does.
     """
-    head_dim = int(getattr(module, layout["head_dim_attr"]))
+    head_dim = int(attr(module, layout["head_dim_attr"]))
     index = head_rows(slots, head_dim)  # (S * D,)
-    _keep_features(getattr(module, layout["q"]), index, dim=0)
-    _keep_features(getattr(module, layout["o"]), index, dim=1)
+    _keep_features(attr(module, layout["q"]), index, dim=0)
+    _keep_features(attr(module, layout["o"]), index, dim=1)
     kv_index = head_rows(kv_heads, head_dim)  # (K' * D,)
     for name in ("k", "v"):
-        _keep_features(getattr(module, layout[name]), kv_index, dim=0)
+        _keep_features(attr(module, layout[name]), kv_index, dim=0)
     if fillers:
-        o = getattr(module, layout["o"])
+        o = attr(module, layout["o"])
         with torch.no_grad():
             o.weight[:, head_rows([slots.index(f) for f in fillers], head_dim).to(o.weight.device)] = 0
     bias = getattr(module, layout.get("position_bias_attr") or "", None)
@@ -84,6 +94,11 @@ def prune_attention(module: nn.Module, slots: list[int], kv_heads: list[int], la
     _set(module, layout["kv_count_attrs"], kv)
     _set(module, [layout["group_attr"]], heads // kv)
     _set(module, [layout["inner_dim_attr"]], heads * head_dim)
+
+
+def layout_of(record: dict, path: str) -> dict:
+    """The layout of the stack that holds attention module ``path`` (encoder self-attention: the encoder's)."""
+    return record["layout"]["encoder" if path in record["kept_heads"].get("encoder", {}) else "decoder"]
 
 
 def upgrade_record(record: dict) -> dict:
@@ -98,7 +113,7 @@ def upgrade_record(record: dict) -> dict:
         position_bias="shared" if old.get("position_bias_attr") else None,
     )
     return {
-        **record, "format": 2, "layout": layout, "num_kv_heads": dict(record["num_heads"]),
+        **record, "format": 2, "layout": {"encoder": layout, "decoder": layout}, "num_kv_heads": dict(record["num_heads"]),
         "slots": {p: list(k) for p, k in kept.items()}, "kv_heads": {p: list(k) for p, k in kept.items()},
     }
 
@@ -194,10 +209,10 @@ class PhantomHead:
 
 def _add_phantom_head(module: nn.Module, layout: dict) -> None:
     if getattr(module, "gatedprune_phantom_head", None) is None:
-        phantom = PhantomHead(int(getattr(module, layout["head_dim_attr"])))
+        phantom = PhantomHead(int(attr(module, layout["head_dim_attr"])))
         for name in ("q", "k", "v"):
-            getattr(module, layout[name]).register_forward_hook(phantom.project)
-        getattr(module, layout["o"]).register_forward_pre_hook(phantom.drop)
+            attr(module, layout[name]).register_forward_hook(phantom.project)
+        attr(module, layout["o"]).register_forward_pre_hook(phantom.drop)
         table = getattr(module, layout.get("position_bias_attr") or "", None)
         if layout.get("position_bias") == "per-layer" and isinstance(table, nn.Module):
             table.register_forward_hook(phantom.bias_column)
@@ -220,8 +235,8 @@ def install_runtime(model: nn.Module, record: dict) -> None:
     Families sharing a position bias across layers (T5): every pruned module picks its own heads of it. A module
     left without heads computes with a phantom head of zeros (see ``PhantomHead``).
     """
-    layout = record["layout"]
     for path, slots in pruned_paths(record).items():
+        layout = layout_of(record, path)
         if layout.get("position_bias") == "shared":
             _share_bias(model, path, slots, record["num_heads"][path], layout["position_bias_attr"])
         if not slots:
@@ -234,7 +249,7 @@ def restore_pruned(model: nn.Module, record: dict) -> None:
     kept = {path: heads for per_kind in record["kept_heads"].values() for path, heads in per_kind.items()}
     for path, slots in pruned_paths(record).items():
         fillers = [head for head in slots if head not in kept[path]]
-        prune_attention(model.get_submodule(path), slots, record["kv_heads"][path], record["layout"], fillers)
+        prune_attention(model.get_submodule(path), slots, record["kv_heads"][path], layout_of(record, path), fillers)
     install_runtime(model, record)
 
 

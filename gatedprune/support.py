@@ -71,11 +71,11 @@ def tiny_config(config: transformers.PretrainedConfig) -> transformers.Pretraine
     for name, value in fields.items():
         if isinstance(value, (list, tuple)) and "layer" in name and len(value) in depth:
             setattr(config, name, type(value)(value[: depth[len(value)]]))
-    if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:  # generation needs one; T5's convention is pad
-        config.decoder_start_token_id = next(
-            (t for t in (getattr(config, "bos_token_id", None), getattr(config, "pad_token_id", None))
-             if isinstance(t, int)), None
-        )
+    if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:
+        # generation needs one: bos, else pad (T5's convention), of the config or else of its decoder's
+        text = config.get_text_config(decoder=True)
+        candidates = [getattr(c, f"{t}_token_id", None) for t in ("bos", "pad") for c in (config, text)]
+        config.decoder_start_token_id = next((t for t in candidates if isinstance(t, int)), None)
     vocab = getattr(config, "vocab_size", None)
     if isinstance(vocab, int):
         for name, value in fields.items():
@@ -125,10 +125,12 @@ def tiny_inputs(model: nn.Module, batch: int = 2, source: int = 7, target: int =
         attention_mask[1, source - 2 :] = 0
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
     else:
-        extractor = FEATURE_EXTRACTOR_MAPPING[type(config)]()
+        # the feature extractor of the model's own config, or of its encoder's (SpeechEncoderDecoderModel)
+        owner = next(c for c in (config, getattr(config, "encoder", None)) if type(c) in FEATURE_EXTRACTOR_MAPPING)
+        extractor = FEATURE_EXTRACTOR_MAPPING[type(owner)]()
         audio = torch.rand(batch, extractor.sampling_rate // 4, generator=generator).numpy() - 0.5  # 1/4 s
         features = extractor(list(audio), sampling_rate=extractor.sampling_rate, return_tensors="pt")
-        inputs = {name: features[name].float()}
+        inputs = {name: features[extractor.model_input_names[0]].float()}
     decoder_input_ids = torch.randint(3, vocab - 2, (batch, target), generator=generator)  # (B, T)
     start = model.generation_config.decoder_start_token_id
     if isinstance(start, int):

@@ -27,6 +27,7 @@ from gatedprune.gating import HeadGates, attach_gates
 from gatedprune.remote_modeling import (
     CONFIG_KEY,
     install_runtime,
+    layout_of,
     prune_attention,
     pruned_model_class,
     upgrade_record,
@@ -101,7 +102,6 @@ def _unpruned_record(model: nn.Module) -> dict:
     kept_heads: dict[str, dict[str, list[int]]] = {}
     for site in sites:
         kept_heads.setdefault(site.kind, {})[site.path] = list(range(site.num_heads))
-    layout = {field: getattr(structure.layout, field) for field in LAYOUT_FIELDS}
     return {
         "format": RECORD_FORMAT,
         "kept_heads": kept_heads,
@@ -109,8 +109,13 @@ def _unpruned_record(model: nn.Module) -> dict:
         "num_kv_heads": {site.path: site.num_kv_heads for site in sites},
         "slots": {site.path: list(range(site.num_heads)) for site in sites},
         "kv_heads": {site.path: list(range(site.num_kv_heads)) for site in sites},
-        "layout": {**{k: list(v) if isinstance(v, tuple) else v for k, v in layout.items()},
-                   "position_bias": structure.position_bias},
+        "layout": {
+            stack: {
+                **{f: list(v) if isinstance(v, tuple) else v for f in LAYOUT_FIELDS for v in [getattr(layout, f)]},
+                "position_bias": structure.position_bias[stack],
+            }
+            for stack, layout in structure.layouts.items()
+        },
         "rule": None,
     }
 
@@ -163,7 +168,8 @@ def prune_heads(model: nn.Module, plan: Plan, rule: str | None = None) -> nn.Mod
         slots, kv_heads = record["slots"][path], record["kv_heads"][path]
         now_kept, new_slots, new_kv, fillers = _next_slots(record, site, kept)
         prune_attention(
-            site.module, [slots.index(h) for h in new_slots], [kv_heads.index(a) for a in new_kv], record["layout"],
+            site.module, [slots.index(h) for h in new_slots], [kv_heads.index(a) for a in new_kv],
+            layout_of(record, path),
             fillers=[slots.index(h) for h in fillers],
         )
         record["kept_heads"][site.kind][path] = now_kept

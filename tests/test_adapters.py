@@ -24,7 +24,8 @@ from gatedprune.surgery import grouped_slots
 def test_probe_finds_layout_and_variants(cls, layout, bias, grouped):
     model = build_tiny(cls)
     structure = probe(model)
-    assert (structure.layout.name, structure.position_bias, structure.grouped) == (layout, bias, grouped)
+    assert {stack: layout.name for stack, layout in structure.layouts.items()} == {"encoder": layout, "decoder": layout}
+    assert (structure.position_bias, structure.grouped) == ({"encoder": bias, "decoder": bias}, grouped)
     sites = attention_sites(model)
     assert [s.kind for s in sites] == ["encoder"] * 2 + ["decoder"] * 2 + ["cross"] * 2
     assert all(s.num_heads == 4 and s.num_kv_heads == (2 if grouped else 4) for s in sites)
