@@ -326,6 +326,25 @@ def _check_split_names(given: dict, name: str, required: tuple[str, ...]) -> Non
         raise ValueError(f"{name} has no entry for split {missing[0]!r}; given: {sorted(given)}")
 
 
+def set_language_codes(tokenizer, src_lang: str | None = None, tgt_lang: str | None = None) -> None:
+    """Set the source and target language codes of a multilingual tokenizer (``src_lang``/``tgt_lang``, as mBART-50,
+    M2M100 and NLLB tokenizers have them): it then frames sources and targets with them, and ``load_model`` makes
+    generation start the target the same way. A code must be one of the tokenizer's tokens."""
+    for field, code in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
+        if code is None:
+            continue
+        option = f"data.{field}_code={code!r}"
+        if not hasattr(tokenizer, field):
+            raise ValueError(f"{option}, but tokenizer {type(tokenizer).__name__} has no language codes (no {field})")
+        if code not in tokenizer.get_vocab():
+            known = [t for t in tokenizer.all_special_tokens if t not in tokenizer.special_tokens_map.values()]
+            raise ValueError(
+                f"{option} is not a token of tokenizer {type(tokenizer).__name__}; its language codes include "
+                f"{known[:8]}{' ...' if len(known) > 8 else ''}"
+            )
+        setattr(tokenizer, field, code)
+
+
 class TranslationDataModule(lightning.LightningDataModule):
     """Sentence pairs of one language direction, tokenised, in token-budget training batches.
 
@@ -362,6 +381,9 @@ class TranslationDataModule(lightning.LightningDataModule):
         num_workers: int = 0,
         seed: int = 1234,
         split_seed: int = 1234,
+        src_lang_code: str | None = None,  # a multilingual tokenizer's language codes (mBART-50, M2M100, NLLB)
+        tgt_lang_code: str | None = None,
+        source_prefix: str = "",  # prepended to every source text: T5's task prefix, "translate English to French: "
     ) -> None:
         super().__init__()
         if source not in SOURCES:
@@ -380,6 +402,8 @@ class TranslationDataModule(lightning.LightningDataModule):
         self.max_train_pairs, self.max_val_pairs, self.max_test_pairs = max_train_pairs, max_val_pairs, max_test_pairs
         self.required_splits = tuple(required_splits)
         self.num_workers, self.seed, self.split_seed = num_workers, seed, split_seed
+        self.lang_codes = {"src_lang": src_lang_code, "tgt_lang": tgt_lang_code}
+        self.source_prefix = source_prefix
         self.pairs: dict[str, list[Pair]] | None = None
         self.tokenizer: transformers.PreTrainedTokenizerBase | None = None
         self.datasets: dict[str, TokenizedPairs] | None = None
@@ -437,10 +461,12 @@ class TranslationDataModule(lightning.LightningDataModule):
             self.tokenizer.save_pretrained(self.tokenizer_dir)
         if self.tokenizer.pad_token_id is None:
             raise ValueError(f"tokenizer {self.tokenizer_path!r} has no pad token; padding needs one")
+        set_language_codes(self.tokenizer, **self.lang_codes)
         return self.tokenizer
 
     def _tokenize(self, pairs: list[Pair]) -> tuple[list[list[int]], list[list[int]]]:
         src_texts, tgt_texts = (list(side) for side in zip(*pairs))
+        src_texts = [self.source_prefix + text for text in src_texts]
         return self.tokenizer(src_texts)["input_ids"], self.tokenizer(text_target=tgt_texts)["input_ids"]
 
     def setup(self, stage: str | None = None) -> None:

@@ -28,18 +28,19 @@ from torch import nn
 from gatedprune import remote_modeling
 from gatedprune.adapters import ATTENTION_KINDS, attention_sites
 from gatedprune.gating import HeadGates, attach_gates
-from gatedprune.remote_modeling import CONFIG_KEY
+from gatedprune.remote_modeling import CONFIG_KEY, upgrade_record
 from gatedprune.checkpoints import load_checkpoint_file, strip_prefix
 from gatedprune.cli import RunFailed, run_reported, version
 from gatedprune.surgery import (
+    auto_class,
     count_parameters,
     family_class,
     fresh_model,
-    head_parameters,
     load_pruned,
     masked_heads,
     plan_record,
     prune_heads,
+    record_removed_parameters,
     removed_parameters,
 )
 
@@ -243,7 +244,10 @@ def _write_model(model: transformers.PreTrainedModel, directory: Path, tokenizer
     # written into the file, not onto the model: the caller's config stays as it was
     config_file = directory / "config.json"
     config = json.loads(config_file.read_text())
-    config["auto_map"] = {"AutoModelForSeq2SeqLM": f"{Path(MODELING_FILE).stem}.{class_name}"}
+    # AutoModelForSeq2SeqLM as before; a speech model (Whisper) also under its own Auto class
+    auto_map = {auto.__name__: f"{Path(MODELING_FILE).stem}.{class_name}" for auto in {
+        transformers.AutoModelForSeq2SeqLM, auto_class(model.config)}}
+    config["auto_map"] = dict(sorted(auto_map.items()))
     config[CONFIG_KEY]["source_model"] = _source_model(model)
     config[CONFIG_KEY]["versions"] = _versions()
     config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
@@ -256,8 +260,7 @@ def _source_model(model: nn.Module) -> str | None:
 def _describe(model: transformers.PreTrainedModel, directory: Path, file_size_before: int | None = None) -> dict:
     """Plan, head and parameter counts, file sizes of a pruned model saved in ``directory``."""
     record = plan_record(model)
-    sites = attention_sites(model)
-    removed = sum(head_parameters(s) * (record["num_heads"][s.path] - s.num_heads) for s in sites)
+    removed = record_removed_parameters(model)
     params_after = count_parameters(model)
     size_after = _weights_size(directory)
     if file_size_before is None:  # the weights of the removed heads, at the saved precision
@@ -269,7 +272,9 @@ def _describe(model: transformers.PreTrainedModel, directory: Path, file_size_be
         kind: [sum(len(kept) for kept in per_kind.values()), sum(record["num_heads"][p] for p in per_kind)]
         for kind, per_kind in record["kept_heads"].items()
     }
+    grouped = _grouped(record)
     return {
+        **grouped,
         "rule": record["rule"],
         "source_model": _source_model(model),
         "heads_kept": {"total": [sum(k for k, _ in heads.values()), sum(n for _, n in heads.values())], **heads},
@@ -280,6 +285,19 @@ def _describe(model: transformers.PreTrainedModel, directory: Path, file_size_be
         "file_size_after": size_after,
         "plan": {kind: dict(per_kind) for kind, per_kind in record["kept_heads"].items()},
         "versions": _versions(),
+    }
+
+
+def _grouped(record: dict) -> dict:
+    """Key/value heads kept and filler query heads of the grouped-query modules, if the model has any."""
+    record = upgrade_record(record)
+    paths = [p for p in record["num_heads"] if record["num_kv_heads"][p] < record["num_heads"][p]]
+    if not paths:
+        return {}
+    kept = {p: h for per_kind in record["kept_heads"].values() for p, h in per_kind.items()}
+    return {
+        "kv_heads_kept": [sum(len(record["kv_heads"][p]) for p in paths), sum(record["num_kv_heads"][p] for p in paths)],
+        "filler_heads": sum(len(record["slots"][p]) - len(kept[p]) for p in paths),
     }
 
 
@@ -296,6 +314,18 @@ def _plan_table(model: nn.Module, heads_kept: dict[str, list[int]]) -> str:
         lines.append(f"| {layer} | " + " | ".join(cells[layer].get(k, "-") for k in kinds) + " |")
     lines.append("| all | " + " | ".join(f"{heads_kept[k][0]}/{heads_kept[k][1]}" for k in kinds) + " |")
     return "\n".join(lines)
+
+
+def _grouped_lines(report: dict) -> list[str]:
+    if "kv_heads_kept" not in report:
+        return []
+    kv, total = report["kv_heads_kept"]
+    return [
+        f"Grouped-query attention: {kv} of {total} key/value heads kept; a key/value head goes only when every query",
+        f"head sharing it goes. {report['filler_heads']} pruned query heads stay as zero-output fillers, so that every",
+        "key/value head of a module serves the same number of query heads (their parameters are counted as kept).",
+        "",
+    ]
 
 
 def _mb(size: int) -> str:
@@ -317,6 +347,7 @@ def _model_card(model: nn.Module, report: dict) -> str:
         f"{kept} of {total} attention heads kept (rule: {report['rule'] or 'hand-written plan'}). Heads are",
         "removed physically: q/k/v rows and output-projection columns are gone, head counts differ per layer.",
         "",
+        *_grouped_lines(report),
         "## Load",
         "",
         "```python",
@@ -448,7 +479,7 @@ def export_gated(
         reload_options = {"dtype": torch.float32, "attn_implementation": work.config._attn_implementation}
         reloaded = {
             "load_pruned": load_pruned(stage, **reload_options),
-            "trust_remote_code": transformers.AutoModelForSeq2SeqLM.from_pretrained(
+            "trust_remote_code": auto_class(work.config).from_pretrained(
                 stage, trust_remote_code=True, **reload_options
             ),
         }

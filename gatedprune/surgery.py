@@ -16,15 +16,28 @@ from pathlib import Path
 
 import transformers
 from torch import nn
-from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING,
+    MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING,
+)
 
-from gatedprune.adapters import AttentionSite, adapter_for, attention_sites
+from gatedprune.adapters import AttentionSite, attention_sites, probe
 from gatedprune.gating import HeadGates, attach_gates
-from gatedprune.remote_modeling import CONFIG_KEY, install_runtime, prune_attention, pruned_model_class
+from gatedprune.remote_modeling import (
+    CONFIG_KEY,
+    install_runtime,
+    layout_of,
+    prune_attention,
+    pruned_model_class,
+    upgrade_record,
+)
 
-RECORD_FORMAT = 1
-# the fields of FamilyAdapter the runtime needs; they travel in the record so the saved directory describes itself
-LAYOUT_FIELDS = ("q", "k", "v", "o", "num_heads_attr", "head_dim_attr", "inner_dim_attr", "position_bias_attr")
+RECORD_FORMAT = 2
+# the fields of Layout the runtime needs; they travel in the record so the saved directory describes itself
+LAYOUT_FIELDS = (
+    "q", "k", "v", "o", "head_dim_attr", "count_attrs", "kv_count_attrs", "group_attr", "inner_dim_attr",
+    "position_bias_attr",
+)
 
 Plan = Mapping[str, Iterable[int]]
 
@@ -83,38 +96,83 @@ def plan_record(model: nn.Module) -> dict | None:
 
 
 def _unpruned_record(model: nn.Module) -> dict:
-    adapter = adapter_for(model)
+    structure = probe(model)
+    sites = attention_sites(model)
     kept_heads: dict[str, dict[str, list[int]]] = {}
-    for site in attention_sites(model):
+    for site in sites:
         kept_heads.setdefault(site.kind, {})[site.path] = list(range(site.num_heads))
     return {
         "format": RECORD_FORMAT,
         "kept_heads": kept_heads,
-        "num_heads": {path: len(kept) for per_kind in kept_heads.values() for path, kept in per_kind.items()},
-        "layout": {field: getattr(adapter, field) for field in LAYOUT_FIELDS},
+        "num_heads": {site.path: site.num_heads for site in sites},
+        "num_kv_heads": {site.path: site.num_kv_heads for site in sites},
+        "slots": {site.path: list(range(site.num_heads)) for site in sites},
+        "kv_heads": {site.path: list(range(site.num_kv_heads)) for site in sites},
+        "layout": {
+            stack: {
+                **{f: list(v) if isinstance(v, tuple) else v for f in LAYOUT_FIELDS for v in [getattr(layout, f)]},
+                "position_bias": structure.position_bias[stack],
+            }
+            for stack, layout in structure.layouts.items()
+        },
         "rule": None,
     }
+
+
+def grouped_slots(kept: list[int], slots: list[int], group: int) -> tuple[list[int], list[int], list[int]]:
+    """Where grouped-query attention keeps query heads ``kept`` (original numbering): (slots, kv heads, fillers).
+
+    Query head h reads key/value head h // ``group``. A key/value head stays while any of its query heads does,
+    and every one that stays must serve the same number G' of query heads (the largest number kept in a group):
+    groups with fewer kept heads are topped up with fillers, pruned heads taken from the current ``slots`` whose
+    output columns are zeroed. Multi-head attention (group 1) has no fillers: slots = kv heads = kept.
+    """
+    alive = sorted({head // group for head in kept})  # kv heads that stay  (K',)
+    width = max((sum(head // group == a for head in kept) for a in alive), default=0)  # G'
+    new_slots, fillers = [], []
+    for a in alive:
+        members = [head for head in kept if head // group == a]
+        spare = [head for head in slots if head // group == a and head not in kept][: width - len(members)]
+        new_slots += sorted(members + spare)
+        fillers += spare
+    return new_slots, alive, fillers
+
+
+def _next_slots(record: dict, site: AttentionSite, kept: list[int]):
+    """(kept heads, slots, kv heads, fillers), original numbering, after keeping ``kept`` (current indices) of ``site``."""
+    slots, before = record["slots"][site.path], record["kept_heads"][site.kind][site.path]
+    now_kept = [slots[head] for head in kept if slots[head] in before]  # a kept filler is no head
+    group = record["num_heads"][site.path] // record["num_kv_heads"][site.path]
+    return (now_kept, *grouped_slots(now_kept, slots, group))
 
 
 def prune_heads(model: nn.Module, plan: Plan, rule: str | None = None) -> nn.Module:
     """Shrink ``model`` in place to the heads ``plan`` keeps and record the plan on ``model.config``.
 
-    Removes the q/k/v rows and output-projection columns of every other head of the named attention modules
-    (encoder self-, decoder self- and cross-attention of every supported family) and updates the head counts.
-    The record on the config holds the kept heads in the original numbering, so pruning twice composes and
+    Removes the q rows and output-projection columns of every other head of the named attention modules
+    (encoder self-, decoder self- and cross-attention) and updates the head counts. With grouped key/value
+    heads, a key/value head (its k/v rows) goes only when every query head that shares it goes, and a group
+    left with fewer query heads than another keeps zero-output fillers (see ``grouped_slots``). The record on the
+    config holds the kept heads in the original numbering, so pruning twice composes and
     ``model.save_pretrained(d)`` then ``load_pruned(d)`` round-trips. ``rule`` says how the plan was made.
     Prune a model without gates attached (``gates.remove()``): the gate hooks expect the old head count.
     """
     plan = check_plan(model, plan)
     sites = _sites(model)
-    record = copy.deepcopy(plan_record(model)) or _unpruned_record(model)
+    record = upgrade_record(copy.deepcopy(plan_record(model) or _unpruned_record(model)))
     for path, kept in plan.items():
         site = sites[path]
         if len(kept) == site.num_heads:
             continue
-        prune_attention(site.module, kept, record["layout"])
-        before = record["kept_heads"][site.kind][path]
-        record["kept_heads"][site.kind][path] = [before[head] for head in kept]
+        slots, kv_heads = record["slots"][path], record["kv_heads"][path]
+        now_kept, new_slots, new_kv, fillers = _next_slots(record, site, kept)
+        prune_attention(
+            site.module, [slots.index(h) for h in new_slots], [kv_heads.index(a) for a in new_kv],
+            layout_of(record, path),
+            fillers=[slots.index(h) for h in fillers],
+        )
+        record["kept_heads"][site.kind][path] = now_kept
+        record["slots"][path], record["kv_heads"][path] = new_slots, new_kv
     if rule is not None:
         record["rule"] = rule
     setattr(model.config, CONFIG_KEY, record)
@@ -136,21 +194,42 @@ def masked_heads(model: nn.Module, plan: Plan) -> Iterator[HeadGates]:
         gates.remove()
 
 
-def head_parameters(site: AttentionSite) -> int:
-    """Parameters one head of ``site`` owns: its q/k/v rows (and biases) and its output-projection columns."""
-    total = site.projection("o").out_features * site.head_dim
-    for name in ("q", "k", "v"):
-        linear = site.projection(name)
-        total += site.head_dim * (linear.in_features + (linear.bias is not None))
-    return total
+def cut_parameters(site: AttentionSite, query_heads: int, kv_heads: int) -> int:
+    """Parameters that go with ``query_heads`` query heads and ``kv_heads`` key/value heads of ``site``.
+
+    A query head owns its q rows (and biases), its output-projection columns and, where every layer owns a
+    relative position bias, its column of it; a key/value head owns its k and v rows (and biases).
+    """
+    q, o = site.projection("q"), site.projection("o")
+    per_query = site.head_dim * (q.in_features + (q.bias is not None) + o.out_features)
+    if site.own_position_bias:
+        per_query += getattr(site.module, site.layout.position_bias_attr).num_embeddings
+    per_kv = sum(site.head_dim * (p.in_features + (p.bias is not None)) for p in map(site.projection, "kv"))
+    return query_heads * per_query + kv_heads * per_kv
 
 
 def removed_parameters(model: nn.Module, plan: Plan) -> int:
     """How many parameters ``prune_heads(model, plan)`` removes."""
     sites = _sites(model)
+    record = upgrade_record(plan_record(model) or _unpruned_record(model))
+    total = 0
+    for path, kept in check_plan(model, plan).items():
+        _, slots, kv_heads, _ = _next_slots(record, sites[path], kept)
+        total += cut_parameters(
+            sites[path], len(record["slots"][path]) - len(slots), len(record["kv_heads"][path]) - len(kv_heads)
+        )
+    return total
+
+
+def record_removed_parameters(model: nn.Module) -> int:
+    """How many parameters the pruning recorded on ``model`` removed, since it was whole."""
+    record = upgrade_record(plan_record(model))
     return sum(
-        head_parameters(sites[path]) * (sites[path].num_heads - len(kept))
-        for path, kept in check_plan(model, plan).items()
+        cut_parameters(
+            site, record["num_heads"][site.path] - len(record["slots"][site.path]),
+            record["num_kv_heads"][site.path] - len(record["kv_heads"][site.path]),
+        )
+        for site in attention_sites(model)
     )
 
 
@@ -159,9 +238,32 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+# the encoder-decoder mappings of transformers, text first (seamless_m4t is in both), and their Auto classes
+ENCODER_DECODER_MAPPINGS = (
+    (MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING, transformers.AutoModelForSeq2SeqLM),
+    (MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING, transformers.AutoModelForSpeechSeq2Seq),
+)
+
+
+def _mapping_entry(config: transformers.PretrainedConfig) -> tuple[type, type]:
+    for mapping, auto in ENCODER_DECODER_MAPPINGS:
+        if type(config) in mapping:
+            return mapping[type(config)], auto
+    raise ValueError(
+        f"unsupported model class: a {config.model_type!r} config has no encoder-decoder class in transformers "
+        "(neither AutoModelForSeq2SeqLM nor AutoModelForSpeechSeq2Seq maps it)"
+    )
+
+
 def family_class(config: transformers.PretrainedConfig) -> type:
-    """The transformers seq2seq LM class of ``config`` (e.g. ``MarianMTModel`` for a MarianConfig)."""
-    return MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING[type(config)]
+    """The transformers encoder-decoder class of ``config`` (e.g. ``MarianMTModel`` for a MarianConfig, or
+    ``WhisperForConditionalGeneration``)."""
+    return _mapping_entry(config)[0]
+
+
+def auto_class(config: transformers.PretrainedConfig) -> type:
+    """``AutoModelForSeq2SeqLM``, or ``AutoModelForSpeechSeq2Seq`` for a speech model (Whisper)."""
+    return _mapping_entry(config)[1]
 
 
 def fresh_model(config: transformers.PretrainedConfig) -> transformers.PreTrainedModel:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import transformers
 
+from gatedprune.support import tiny_config
+
 _COMMON_BART = dict(
     vocab_size=99, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
     decoder_attention_heads=4, encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=64,
@@ -22,14 +24,21 @@ FAMILY_CONFIGS = {
         relative_attention_num_buckets=8, dropout_rate=0.0, pad_token_id=0, eos_token_id=1,
         decoder_start_token_id=0,
     ),
+    # the variants: a position bias owned by every layer, and grouped key/value heads (4 query heads, 2 k/v heads);
+    # their tiny configs come from the generic shrinking rule of the support table
+    "umt5": lambda: tiny_config(transformers.UMT5Config()),
+    "t5gemma": lambda: tiny_config(transformers.T5GemmaConfig()),
 }
 FAMILIES = sorted(FAMILY_CONFIGS)
+# attention implementations each family has in transformers (T5Gemma: eager only, for its logit soft-capping)
+ATTN_IMPLEMENTATIONS = {family: ("eager",) if family == "t5gemma" else ("sdpa", "eager") for family in FAMILIES}
 
 
-def tiny_model(family: str, tmp_path, attn_implementation: str = "sdpa", seed: int = 0):
-    """A random tiny model of ``family``, saved to ``tmp_path`` and loaded back by path."""
+def tiny_model(family: str, tmp_path, attn_implementation: str | None = None, seed: int = 0):
+    """A random tiny model of ``family``, saved to ``tmp_path`` and loaded back by path (sdpa where it has it)."""
     import torch
 
+    attn_implementation = attn_implementation or ATTN_IMPLEMENTATIONS[family][0]
     torch.manual_seed(seed)
     model = transformers.AutoModelForSeq2SeqLM.from_config(FAMILY_CONFIGS[family]())
     path = tmp_path / family

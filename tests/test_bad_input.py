@@ -92,7 +92,7 @@ def test_unsupported_model_class(tmp_path):
     _trained_tokenizer(tmp_path).save_pretrained(tokenizer_dir)
     proc, run_dir = _run(tmp_path, "model=pretrained", f"model.name_or_path={model_dir}",
                          f"data.tokenizer_path={tokenizer_dir}")
-    _assert_refused(proc, run_dir, "'gpt2' model; supported model types: bart, ")
+    _assert_refused(proc, run_dir, "(gpt2): unsupported model class: a 'gpt2' config has no encoder-decoder class")
 
 
 def test_tokenizer_larger_than_the_model_vocabulary(tmp_path):

@@ -4,7 +4,7 @@ import pytest
 import torch
 import transformers
 
-from families import FAMILIES, tiny_model
+from families import ATTN_IMPLEMENTATIONS, FAMILIES, tiny_model
 from gatedprune import attach_gates
 from gatedprune.adapters import ATTENTION_KINDS, attention_sites
 
@@ -44,16 +44,21 @@ def test_open_gates_leave_logits_unchanged(family_model):
 
 
 @pytest.mark.parametrize("kind", ATTENTION_KINDS)
-@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize(
+    ("family", "attn_implementation"), [(f, impl) for f in FAMILIES for impl in ATTN_IMPLEMENTATIONS[f]]
+)
 def test_closed_gate_equals_zeroed_value_rows(family, kind, attn_implementation, tmp_path):
+    """Closing the gates of every query head that reads key/value head 1 (one head, without grouping) equals
+    zeroing that key/value head's value rows."""
     model = tiny_model(family, tmp_path, attn_implementation=attn_implementation)
     batch = _inputs(model)
     site_index = next(i for i, s in enumerate(attention_sites(model)) if s.kind == kind and s.layer == 1)
-    head = 2
+    kv_head = 1
 
     reference = tiny_model(family, tmp_path / "ref", attn_implementation=attn_implementation)
     site = attention_sites(reference)[site_index]
-    rows = slice(head * site.head_dim, (head + 1) * site.head_dim)
+    group = site.num_heads // site.num_kv_heads  # query heads per key/value head
+    rows = slice(kv_head * site.head_dim, (kv_head + 1) * site.head_dim)
     with torch.no_grad():
         site.projection("v").weight[rows] = 0
         if site.projection("v").bias is not None:
@@ -62,14 +67,16 @@ def test_closed_gate_equals_zeroed_value_rows(family, kind, attn_implementation,
 
         gates = attach_gates(model, init_log_alpha=5.0).set_mode("deterministic")
         values = [5.0] * gates.gates[site_index].num_heads
-        values[head] = -5.0  # deterministic gate exactly 0
+        closed = range(kv_head * group, (kv_head + 1) * group)
+        for head in closed:
+            values[head] = -5.0  # deterministic gate exactly 0
         _set_log_alpha(gates, site_index, values)
         gated = model(**batch).logits
         unchanged = tiny_model(family, tmp_path / "plain", attn_implementation=attn_implementation)(**batch).logits
     error = (gated - expected).abs().max()
     effect = (unchanged - expected).abs().max()  # what removing the head changes
     assert error < 1e-6 and effect > 100 * error
-    assert gates.plan()[gates.paths[site_index]] == [h for h in range(len(values)) if h != head]
+    assert gates.plan()[gates.paths[site_index]] == [h for h in range(len(values)) if h not in closed]
 
 
 @pytest.mark.parametrize("kind", ATTENTION_KINDS)
@@ -167,5 +174,5 @@ def test_unknown_kind_is_refused(family_model):
 def test_unsupported_model_is_refused():
     config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=10)
     model = transformers.GPT2LMHeadModel(config)
-    with pytest.raises(ValueError, match="unsupported model class GPT2LMHeadModel .*supported model types: bart, "):
+    with pytest.raises(ValueError, match="unsupported model class GPT2LMHeadModel: no decoder layers with cross-attention"):
         attach_gates(model)

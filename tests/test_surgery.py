@@ -210,3 +210,26 @@ def test_plan_must_be_a_mapping(model_of):
 def test_check_plan_accepts_tensors_and_sorts(model_of):
     plan = check_plan(model_of("bart"), {"model.encoder.layers.0.self_attn": torch.tensor([3, 0])})
     assert plan == {"model.encoder.layers.0.self_attn": [0, 3]}
+
+
+def test_a_directory_saved_with_a_format_1_record_still_loads(model_of, tmp_path):
+    """Records written before grouped heads (format 1: one layout, kept heads only) load with the same shapes."""
+    import json
+
+    model = model_of("t5")
+    plan = {s.path: [s.layer, 3] if s.kind != "decoder" else [] for s in attention_sites(model)}
+    prune_heads(model, plan)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    record = config["gatedprune"]
+    layout = record["layout"]["encoder"]
+    config["gatedprune"] = {
+        "format": 1, "kept_heads": record["kept_heads"], "num_heads": record["num_heads"], "rule": None,
+        "layout": {"q": "q", "k": "k", "v": "v", "o": "o", "num_heads_attr": "n_heads",
+                   "head_dim_attr": layout["head_dim_attr"], "inner_dim_attr": "inner_dim",
+                   "position_bias_attr": "relative_attention_bias"},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = load_pruned(tmp_path)
+    torch.testing.assert_close(logits(loaded), logits(model), rtol=0, atol=0)
+    assert torch.equal(greedy(loaded), greedy(model))
