@@ -108,18 +108,18 @@ def test_marian_targets_use_the_target_vocabulary(tmp_path):
 
 
 def test_pretrained_multilingual_model_fine_tunes_gated_and_exports(tmp_path):
-    from test_train import _compose
+    from helpers import compose_train
 
     from gatedprune.train import train
 
     model_dir = tmp_path / "nllb-tiny"
     save_multilingual_model(model_dir)
     out = tmp_path / "run"
-    metrics = train(_compose(out, [
-        "experiment=smoke", "model=pretrained", f"model.name_or_path={model_dir}",
+    metrics = train(compose_train(
+        out, "experiment=smoke", "model=pretrained", f"model.name_or_path={model_dir}",
         "data.src_lang_code=eng_Latn", "data.tgt_lang_code=fra_Latn", "data.max_train_pairs=64",
-        "data.max_val_pairs=8", "export.samples=8",
-    ]))
+        "data.max_val_pairs=8", "data.max_test_pairs=8", "export.samples=8",
+    ))
     assert metrics["export"]["verification"]["passed"]
     exported = transformers.AutoModelForSeq2SeqLM.from_pretrained(out / "pruned", trust_remote_code=True)
     tokenizer = transformers.AutoTokenizer.from_pretrained(out / "pruned")
