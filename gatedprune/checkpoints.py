@@ -13,6 +13,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+import transformers
+
+from gatedprune.gating import HeadGates, attach_gates
 
 GATED_CHECKPOINT_KEYS = ("state_dict", "hf_config", "gate_kinds", "gate_options")
 # config fields that say nothing about the weights: they may differ between a checkpoint and the run resuming it
@@ -118,3 +121,16 @@ def resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
         print(f"this run directory has its own {own}: continuing from it rather than from {checkpoint}")
         return own
     return checkpoint
+
+
+def load_gated_checkpoint(path: str | Path) -> tuple[transformers.PreTrainedModel, HeadGates]:
+    """Rebuild the gated model of a Lightning checkpoint written by the gated trainer."""
+    checkpoint = load_checkpoint_file(path)
+    config = transformers.AutoConfig.for_model(**checkpoint["hf_config"])
+    model = transformers.AutoModelForSeq2SeqLM.from_config(config)
+    model.load_state_dict(strip_prefix(checkpoint["state_dict"], "model."))
+    if "generation_config" in checkpoint:
+        model.generation_config = transformers.GenerationConfig.from_dict(checkpoint["generation_config"])
+    gates = attach_gates(model, checkpoint["gate_kinds"], **checkpoint["gate_options"])
+    gates.load_state_dict(strip_prefix(checkpoint["state_dict"], "gates."))
+    return model.eval(), gates

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 
@@ -134,3 +134,95 @@ def set_offline_defaults() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+# ---- the commands: gatedprune-export, gatedprune-sweep, gatedprune-evaluate (and python -m gatedprune <command>)
+
+
+def export_command(argv: Sequence[str] | None = None) -> int:
+    """``gatedprune-export SOURCE OUT_DIR``: prune the heads a gated run closed and write a verified, smaller model."""
+    import argparse
+    import logging
+
+    from gatedprune.export import export_checkpoint
+
+    parser = argparse.ArgumentParser(
+        prog="gatedprune-export", description="Prune the heads a gated run closed and write a verified, smaller model."
+    )
+    parser.add_argument("source", help="run directory (with metrics.json) or Lightning checkpoint")
+    parser.add_argument("out_dir", help="directory to write; must not exist or be empty unless --overwrite")
+    parser.add_argument(
+        "--top-k", type=int, default=None, help="keep exactly N heads (largest log_alpha) instead of log_alpha > 0"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty out_dir")
+    parser.add_argument("--samples", type=int, default=8, help="validation pairs to verify on (when the run has them)")
+    parser.add_argument("--val-pairs", default=None, help="JSON-lines file of {source, target} pairs to verify on")
+    parser.add_argument("--max-new-tokens", type=int, default=20, help="length of the greedy generations compared")
+    parser.add_argument("--device", default="cpu", help="device for verification (default cpu)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    return run_reported(lambda: export_checkpoint(
+        args.source, args.out_dir, rule="binary" if args.top_k is None else "top-k", top_k=args.top_k,
+        overwrite=args.overwrite, samples=args.samples, val_pairs=args.val_pairs,
+        max_new_tokens=args.max_new_tokens, device=args.device,
+    ))
+
+
+def sweep_command(argv: Sequence[str] | None = None) -> int:
+    """``gatedprune-sweep DIR``: summary.csv, summary.md and pareto.png of a multirun."""
+    import argparse
+    from pathlib import Path
+
+    from gatedprune.sweep import log_to_wandb, summarise, sweep_name
+
+    parser = argparse.ArgumentParser(
+        prog="gatedprune-sweep", description="Summarise the runs of a multirun: summary.csv, summary.md, pareto.png."
+    )
+    parser.add_argument("multirun_dir", help="e.g. multirun/<date>/<time>; searched recursively for run folders")
+    parser.add_argument("--out", default=None, help="where to write (default: multirun_dir)")
+    parser.add_argument("--wandb", action="store_true", help="also log the table and plot to W&B (offline by default)")
+    args = parser.parse_args(argv)
+    out = Path(args.out or args.multirun_dir)
+
+    def run() -> None:
+        rows = summarise(args.multirun_dir, out)
+        if args.wandb:
+            log_to_wandb(rows, out / "pareto.png", sweep_name(args.multirun_dir), out)
+        print((out / "summary.md").read_text(), end="")
+        print(f"wrote {out / 'summary.csv'}, {out / 'summary.md'}, {out / 'pareto.png'}")
+
+    return run_reported(run)
+
+
+def evaluate_command(argv: Sequence[str] | None = None) -> int:
+    """``gatedprune-evaluate MODEL_DIR [data overrides]``: BLEU, chrF, loss and speed on a split; writes eval.json."""
+    import argparse
+    from pathlib import Path
+
+    from gatedprune.evaluate import evaluate_dir, score_table
+    from gatedprune.utils import write_json
+
+    parser = argparse.ArgumentParser(
+        prog="gatedprune-evaluate",
+        description="BLEU, chrF, loss and speed of a seq2seq model directory on a split of the trainer's data.",
+    )
+    parser.add_argument("model_dir", help="a Hugging Face seq2seq directory (a gatedprune export or any other)")
+    parser.add_argument("overrides", nargs="*", help="the trainer's data options, e.g. data=files data.files.test=t.tsv")
+    parser.add_argument("--split", default="test", help="train, validation or test (default test)")
+    parser.add_argument("--num-beams", type=int, default=None, help="beam size (default: test_generation's, 1)")
+    parser.add_argument("--batch-size", type=int, default=None, help="sentences per batch (default: the data's)")
+    parser.add_argument("--out", default=None, help="where to write the scores (default MODEL_DIR/eval.json)")
+    args = parser.parse_intermixed_args(argv)  # options and data overrides in any order
+    set_offline_defaults()  # a hub id is read from the cache unless the user says otherwise
+
+    def run() -> None:
+        result = evaluate_dir(args.model_dir, args.split, args.overrides, args.num_beams, args.batch_size)
+        out = Path(args.out) if args.out else Path(args.model_dir) / "eval.json"
+        write_json(out, result)
+        print(score_table({f"{args.split} ({result['sentences']} sentences)": result}))
+        print(f"sacreBLEU: {result['sacrebleu_signature']['bleu']}\nwrote {out}")
+
+    return run_reported(run)
+
+
+COMMANDS = {"train": train_command, "export": export_command, "sweep": sweep_command, "evaluate": evaluate_command}

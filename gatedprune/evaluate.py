@@ -12,9 +12,7 @@ data.files.test=test.tsv``. It prints a table and writes ``eval.json`` (``--out`
 
 from __future__ import annotations
 
-import argparse
 import resource
-import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -195,34 +193,3 @@ def evaluate_dir(model_dir: str | Path, split: str = "test", overrides: Sequence
         raise ValueError(f"data source {data.source!r} has no {split!r} split; give one (e.g. data.files.{split}=...)")
     result = score(model, tokenizer, data.loader(split, gen.batch_size, shard=False), gen)
     return {"model": str(model_dir), "split": split, "data": data.describe(), **result}
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from gatedprune.cli import run_reported, set_offline_defaults
-    from gatedprune.utils import write_json
-
-    parser = argparse.ArgumentParser(
-        prog="gatedprune-evaluate",
-        description="BLEU, chrF, loss and speed of a seq2seq model directory on a split of the trainer's data.",
-    )
-    parser.add_argument("model_dir", help="a Hugging Face seq2seq directory (a gatedprune export or any other)")
-    parser.add_argument("overrides", nargs="*", help="the trainer's data options, e.g. data=files data.files.test=t.tsv")
-    parser.add_argument("--split", default="test", help="train, validation or test (default test)")
-    parser.add_argument("--num-beams", type=int, default=None, help="beam size (default: test_generation's, 1)")
-    parser.add_argument("--batch-size", type=int, default=None, help="sentences per batch (default: the data's)")
-    parser.add_argument("--out", default=None, help="where to write the scores (default MODEL_DIR/eval.json)")
-    args = parser.parse_intermixed_args(argv)  # options and data overrides in any order
-    set_offline_defaults()  # a hub id is read from the cache unless the user says otherwise
-
-    def run() -> None:
-        result = evaluate_dir(args.model_dir, args.split, args.overrides, args.num_beams, args.batch_size)
-        out = Path(args.out) if args.out else Path(args.model_dir) / "eval.json"
-        write_json(out, result)
-        print(score_table({f"{args.split} ({result['sentences']} sentences)": result}))
-        print(f"sacreBLEU: {result['sacrebleu_signature']['bleu']}\nwrote {out}")
-
-    return run_reported(run)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

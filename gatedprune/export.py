@@ -1,22 +1,15 @@
-"""Finalise a gated model: gates -> plan -> verified, physically smaller model in a directory that describes itself.
+"""Finalise a gated model: gates -> plan -> pruned copy -> verified against the gated model -> export directory.
 
-    python -m gatedprune.export <run dir or Lightning checkpoint> <out dir> [--top-k N] [--overwrite]
-
-The directory holds the pruned model in Hugging Face format (safetensors), its tokenizer, the plan in
-``config.json`` (``gatedprune``), ``modeling_gatedprune.py`` for ``trust_remote_code`` loading, a model card
-(README.md) and ``export_report.json``. It is written to a hidden sibling first and renamed into place at the end,
-so an interrupted or failed export leaves no partial output directory.
+``export_gated`` does it for a model in memory, ``export_checkpoint`` for a run directory or checkpoint (what
+``gatedprune-export`` runs). What the directory holds and how it is written: ``gatedprune.export_dir``.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import logging
-import os
 import shutil
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,31 +18,16 @@ import torch
 import transformers
 from torch import nn
 
-from gatedprune import remote_modeling
-from gatedprune.adapters import ATTENTION_KINDS, attention_sites
-from gatedprune.gating import HeadGates, attach_gates
-from gatedprune.remote_modeling import CONFIG_KEY, upgrade_record
-from gatedprune.checkpoints import load_checkpoint_file, strip_prefix
-from gatedprune.cli import RunFailed, run_reported, version
-from gatedprune.surgery import (
-    auto_class,
-    count_parameters,
-    family_class,
-    fresh_model,
-    load_pruned,
-    masked_heads,
-    plan_record,
-    prune_heads,
-    record_removed_parameters,
-    removed_parameters,
-)
+from gatedprune import export_dir
+from gatedprune.checkpoints import load_gated_checkpoint
+from gatedprune.cli import RunFailed
+from gatedprune.export_dir import MODELING_FILE, REPORT_FILE, check_out_dir, save_pruned  # noqa: F401  (API)
+from gatedprune.gating import HeadGates
+from gatedprune.surgery import auto_class, count_parameters, fresh_model, load_pruned, masked_heads, prune_heads, removed_parameters
 
 log = logging.getLogger(__name__)
 
 TOLERANCE = 1e-4  # largest |logit difference| (float32) allowed between the gated and the pruned model
-MODELING_FILE = "modeling_gatedprune.py"
-REPORT_FILE = "export_report.json"
-KIND_TITLES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 
 Pairs = Sequence[tuple[str, str]]
 
@@ -144,275 +122,6 @@ def _float32_copy(model: transformers.PreTrainedModel, device: torch.device | st
 # --- writing the directory -----------------------------------------------------------------------------------
 
 
-def _check_target(out_dir: Path, overwrite: bool) -> None:
-    if out_dir.parent.is_dir():
-        _clean_stale(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise FileExistsError(f"{out_dir} exists and is not a directory")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
-        raise FileExistsError(f"{out_dir} exists and is not empty; pass overwrite=True (--overwrite) to replace it")
-
-
-def check_out_dir(out_dir: Path, protected: Sequence[Path] = ()) -> None:
-    """Refuse an output directory whose replacement would destroy a source: one of ``protected`` (a run directory or
-    checkpoint) or a directory holding one, or a place inside a ``checkpoints/`` folder."""
-    out = out_dir.resolve()
-    for source in map(lambda p: Path(p).resolve(), protected):
-        if out == source or out in source.parents:
-            raise ValueError(f"output directory {out_dir} is or contains the source {source}; choose another one")
-    for folder in (out, *out.parents):
-        if folder.name == "checkpoints" and any(folder.glob("*.ckpt")):
-            raise ValueError(f"output directory {out_dir} lies inside the run's checkpoints/ {folder}; choose another one")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
-def _clean_stale(out_dir: Path) -> None:
-    """Remove the hidden folders that exports of ``out_dir`` killed mid-way left behind (their process is gone).
-
-    ``.NAME.partial-PID`` is an unfinished export; ``.NAME.old-PID`` the previous export, moved aside for the
-    rename: put back if the new one never arrived.
-    """
-    for leftover in sorted(out_dir.parent.glob(f".{out_dir.name}.*")):
-        kind, _, pid = leftover.name[len(out_dir.name) + 2 :].partition("-")
-        if kind not in ("partial", "old") or (pid.isdigit() and _alive(int(pid))):
-            continue
-        if kind == "old" and not out_dir.exists():
-            leftover.rename(out_dir)
-            log.warning("restored %s from %s, left by an export that was stopped", out_dir, leftover.name)
-        else:
-            shutil.rmtree(leftover, ignore_errors=True)
-            log.warning("removed %s, left by an export (process %s) that was stopped", leftover, pid or "unknown")
-
-
-@contextmanager
-def _staged(out_dir: Path, overwrite: bool) -> Iterator[Path]:
-    """A hidden sibling of ``out_dir`` to write into; renamed to ``out_dir`` on success, deleted on any failure.
-
-    The hidden names carry this process's PID, so two exports never share one.
-    """
-    _check_target(out_dir, overwrite)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    stage, old = (out_dir.parent / f".{out_dir.name}.{suffix}-{os.getpid()}" for suffix in ("partial", "old"))
-    stage.mkdir()
-    try:
-        yield stage
-        _check_target(out_dir, overwrite)
-        if out_dir.exists():
-            out_dir.rename(old)
-            try:
-                stage.rename(out_dir)
-            except BaseException:
-                old.rename(out_dir)
-                raise
-        else:
-            stage.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _weights_size(directory: Path) -> int:
-    return sum(f.stat().st_size for f in directory.glob("*.safetensors"))
-
-
-def _versions() -> dict[str, str]:
-    return {"gatedprune": version(), "transformers": transformers.__version__, "torch": torch.__version__}
-
-
-def _write_model(model: transformers.PreTrainedModel, directory: Path, tokenizer=None) -> None:
-    """Weights, config (plan, source, versions, auto_map), tokenizer and the self-contained modeling file."""
-    if plan_record(model) is None:
-        raise ValueError("this model was never pruned (no plan on its config); call gatedprune.prune_heads first")
-    model.save_pretrained(directory)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(directory)
-    base = family_class(model.config).__name__
-    class_name = f"GatedPruned{base}"
-    (directory / MODELING_FILE).write_text(
-        Path(remote_modeling.__file__).read_text() + f"{class_name} = pruned_model_class(transformers.{base})\n"
-    )
-    # written into the file, not onto the model: the caller's config stays as it was
-    config_file = directory / "config.json"
-    config = json.loads(config_file.read_text())
-    # AutoModelForSeq2SeqLM as before; a speech model (Whisper) also under its own Auto class
-    auto_map = {auto.__name__: f"{Path(MODELING_FILE).stem}.{class_name}" for auto in {
-        transformers.AutoModelForSeq2SeqLM, auto_class(model.config)}}
-    config["auto_map"] = dict(sorted(auto_map.items()))
-    config[CONFIG_KEY]["source_model"] = _source_model(model)
-    config[CONFIG_KEY]["versions"] = _versions()
-    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-
-
-def _source_model(model: nn.Module) -> str | None:
-    return getattr(model.config, "_name_or_path", None) or None
-
-
-def _describe(model: transformers.PreTrainedModel, directory: Path, file_size_before: int | None = None) -> dict:
-    """Plan, head and parameter counts, file sizes of a pruned model saved in ``directory``."""
-    record = plan_record(model)
-    removed = record_removed_parameters(model)
-    params_after = count_parameters(model)
-    size_after = _weights_size(directory)
-    if file_size_before is None:  # the weights of the removed heads, at the saved precision
-        file_size_before = size_after + removed * next(model.parameters()).element_size()
-        measured = False
-    else:
-        measured = True
-    heads = {
-        kind: [sum(len(kept) for kept in per_kind.values()), sum(record["num_heads"][p] for p in per_kind)]
-        for kind, per_kind in record["kept_heads"].items()
-    }
-    grouped = _grouped(record)
-    return {
-        **grouped,
-        "rule": record["rule"],
-        "source_model": _source_model(model),
-        "heads_kept": {"total": [sum(k for k, _ in heads.values()), sum(n for _, n in heads.values())], **heads},
-        "params_before": params_after + removed,
-        "params_after": params_after,
-        "file_size_before": file_size_before,
-        "file_size_before_measured": measured,
-        "file_size_after": size_after,
-        "plan": {kind: dict(per_kind) for kind, per_kind in record["kept_heads"].items()},
-        "versions": _versions(),
-    }
-
-
-def _grouped(record: dict) -> dict:
-    """Key/value heads kept and filler query heads of the grouped-query modules, if the model has any."""
-    record = upgrade_record(record)
-    paths = [p for p in record["num_heads"] if record["num_kv_heads"][p] < record["num_heads"][p]]
-    if not paths:
-        return {}
-    kept = {p: h for per_kind in record["kept_heads"].values() for p, h in per_kind.items()}
-    return {
-        "kv_heads_kept": [sum(len(record["kv_heads"][p]) for p in paths), sum(record["num_kv_heads"][p] for p in paths)],
-        "filler_heads": sum(len(record["slots"][p]) - len(kept[p]) for p in paths),
-    }
-
-
-def _plan_table(model: nn.Module, heads_kept: dict[str, list[int]]) -> str:
-    record = plan_record(model)
-    cells: dict[int, dict[str, str]] = {}
-    for site in attention_sites(model):
-        kept, total = record["kept_heads"][site.kind][site.path], record["num_heads"][site.path]
-        listed = "all" if len(kept) == total else ("none" if not kept else ", ".join(map(str, kept)))
-        cells.setdefault(site.layer, {})[site.kind] = f"{len(kept)}/{total} ({listed})"
-    kinds = [k for k in ATTENTION_KINDS if k in record["kept_heads"]]
-    lines = ["| layer | " + " | ".join(KIND_TITLES[k] for k in kinds) + " |", "|---:|" + "---|" * len(kinds)]
-    for layer in sorted(cells):
-        lines.append(f"| {layer} | " + " | ".join(cells[layer].get(k, "-") for k in kinds) + " |")
-    lines.append("| all | " + " | ".join(f"{heads_kept[k][0]}/{heads_kept[k][1]}" for k in kinds) + " |")
-    return "\n".join(lines)
-
-
-def _grouped_lines(report: dict) -> list[str]:
-    if "kv_heads_kept" not in report:
-        return []
-    kv, total = report["kv_heads_kept"]
-    return [
-        f"Grouped-query attention: {kv} of {total} key/value heads kept; a key/value head goes only when every query",
-        f"head sharing it goes. {report['filler_heads']} pruned query heads stay as zero-output fillers, so that every",
-        "key/value head of a module serves the same number of query heads (their parameters are counted as kept).",
-        "",
-    ]
-
-
-def _mb(size: int) -> str:
-    return f"{size / 2**20:.2f} MiB"
-
-
-def _model_card(model: nn.Module, report: dict) -> str:
-    kept, total = report["heads_kept"]["total"]
-    before, after = report["params_before"], report["params_after"]
-    estimated = "" if report["file_size_before_measured"] else " (estimated: removed parameters x bytes each)"
-    lines = [
-        "---",
-        "library_name: transformers",
-        "tags: [gatedprune, pruned, head-pruning]",
-        "---",
-        "",
-        f"# {report['source_model'] or model.config.model_type}, attention heads pruned with gatedprune",
-        "",
-        f"{kept} of {total} attention heads kept (rule: {report['rule'] or 'hand-written plan'}). Heads are",
-        "removed physically: q/k/v rows and output-projection columns are gone, head counts differ per layer.",
-        "",
-        *_grouped_lines(report),
-        "## Load",
-        "",
-        "```python",
-        "import gatedprune",
-        "model = gatedprune.load_pruned(path)  # the family's own class",
-        "# or, without gatedprune installed:",
-        "from transformers import AutoModelForSeq2SeqLM",
-        "model = AutoModelForSeq2SeqLM.from_pretrained(path, trust_remote_code=True)",
-        "```",
-        "",
-        "## Heads kept per layer (kept/total (indices))",
-        "",
-        _plan_table(model, report["heads_kept"]),
-        "",
-        "## Size",
-        "",
-        "| | before | after |",
-        "|---|---:|---:|",
-        f"| parameters | {before:,} | {after:,} ({after / before:.1%}) |",
-        f"| weights file | {_mb(report['file_size_before'])}{estimated} | {_mb(report['file_size_after'])} |",
-        "",
-        "## Verification",
-        "",
-    ]
-    check = report.get("verification")
-    if check is None:
-        lines.append("Not verified: written by `save_pruned` without a gated model to compare with.")
-    else:
-        lines += [
-            f"On {check['inputs']}, float32, gates fixed to the plan vs the pruned model:",
-            "",
-            f"- max |logit difference|: {check['max_abs_logit_diff']:.3g} (must be < {check['tolerance']:g})",
-            f"- greedy generations ({check['max_new_tokens']} new tokens) identical: {check['greedy_identical']}",
-            f"- reloaded vs in-memory pruned, max |logit difference|: {_reload_diffs(check)}",
-            f"- parameters after = before - removed heads' parameters: {check['params_match']}",
-        ]
-        if report.get("unconverged_gates"):
-            lines.append(f"- gates not converged (deterministic gate strictly between 0 and 1): "
-                         f"{report['unconverged_gates']}")
-    versions = ", ".join(f"{name} {version}" for name, version in report["versions"].items())
-    lines += ["", f"Exported with {versions}.", ""]
-    return "\n".join(lines)
-
-
-def _write_card(directory: Path, model: nn.Module, report: dict) -> None:
-    (directory / "README.md").write_text(_model_card(model, report))
-    (directory / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
-
-
-def save_pruned(
-    model: transformers.PreTrainedModel, out_dir: str | Path, tokenizer=None, *, overwrite: bool = False
-) -> dict:
-    """Write the export directory of a model pruned by ``prune_heads``; returns what the model card reports.
-
-    Weights (safetensors), plan in config.json, tokenizer, model card, ``modeling_gatedprune.py``. Without the gated
-    model there is nothing to verify against; ``export_gated`` verifies.
-    """
-    out_dir = Path(out_dir)
-    with _staged(out_dir, overwrite) as stage:
-        _write_model(model, stage, tokenizer)
-        report = _describe(model, stage)
-        _write_card(stage, model, report)
-    return report
-
-
 # --- the exporter --------------------------------------------------------------------------------------------
 
 
@@ -439,7 +148,7 @@ def export_gated(
     ``device`` runs the verification (None: the model's device); the exported weights are the same either way.
     """
     out_dir = Path(out_dir)
-    _check_target(out_dir, overwrite)  # fail before the expensive part
+    export_dir.check_target(out_dir, overwrite)  # fail before the expensive part
     plan = gates.plan(rule, top_k)
     rule_name = _rule_name(rule, top_k)
     unconverged = gates.unconverged()
@@ -464,18 +173,18 @@ def export_gated(
         else f"{len(batch['input_ids'])} validation samples"
     )
     on = next(work.parameters()).device
-    with _full_float32(on.type), _staged(out_dir, overwrite) as stage:
+    with _full_float32(on.type), export_dir.staged(out_dir, overwrite) as stage:
         with masked_heads(work, plan):
             gated_logits, gated_tokens = _logits(work, batch), _greedy(work, batch, max_new_tokens)
         params_before = count_parameters(work)
         params_removed = removed_parameters(work, plan)
         work.save_pretrained(stage / "unpruned")
-        size_before = _weights_size(stage / "unpruned")
+        size_before = export_dir.weights_size(stage / "unpruned")
         shutil.rmtree(stage / "unpruned")
 
         prune_heads(work, plan, rule=rule_name)
         pruned_logits, pruned_tokens = _logits(work, batch), _greedy(work, batch, max_new_tokens)
-        _write_model(work.to(save_dtype), stage, tokenizer)
+        export_dir.write_model(work.to(save_dtype), stage, tokenizer)
         reload_options = {"dtype": torch.float32, "attn_implementation": work.config._attn_implementation}
         reloaded = {
             "load_pruned": load_pruned(stage, **reload_options),
@@ -501,7 +210,7 @@ def export_gated(
             and check["params_match"]
         )
         report = {
-            **_describe(work, stage, size_before), "unconverged_gates": unconverged, "decided_by_rule": decided,
+            **export_dir.describe(work, stage, size_before), "unconverged_gates": unconverged, "decided_by_rule": decided,
             "verification": check,
         }
         log.info("%s", _verification_summary(report))
@@ -511,13 +220,9 @@ def export_gated(
                 f"parameters: before {params_before}, removed heads' {params_removed}, "
                 f"after {report['params_after']} (expected {params_before - params_removed})"
             )
-        _write_card(stage, work, report)
+        export_dir.write_card(stage, work, report)
     log.info("wrote %s", out_dir)
     return report
-
-
-def _reload_diffs(check: dict) -> str:
-    return ", ".join(f"{way} {diff:.3g}" for way, diff in check["reload_max_abs_logit_diff"].items())
 
 
 def _verification_summary(report: dict) -> str:
@@ -527,27 +232,14 @@ def _verification_summary(report: dict) -> str:
         f"heads kept {kept}/{total} ("
         + ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in report["heads_kept"].items() if k != "total") + ")",
         f"parameters {report['params_before']:,} -> {report['params_after']:,}; weights file "
-        f"{_mb(report['file_size_before'])} -> {_mb(report['file_size_after'])}",
+        f"{export_dir.megabytes(report['file_size_before'])} -> {export_dir.megabytes(report['file_size_after'])}",
         f"verification on {check['inputs']}: max |logit diff| gated vs pruned {check['max_abs_logit_diff']:.3g} "
         f"(tolerance {check['tolerance']:g}); greedy identical: {check['greedy_identical']}; "
-        f"reloaded max |logit diff|: {_reload_diffs(check)}; parameter count exact: {check['params_match']}",
+        f"reloaded max |logit diff|: {export_dir.reload_diffs(check)}; parameter count exact: {check['params_match']}",
     ])
 
 
 # --- from a training run -------------------------------------------------------------------------------------
-
-
-def load_gated_checkpoint(path: str | Path) -> tuple[transformers.PreTrainedModel, HeadGates]:
-    """Rebuild the gated model of a Lightning checkpoint written by the gated trainer."""
-    checkpoint = load_checkpoint_file(path)
-    config = transformers.AutoConfig.for_model(**checkpoint["hf_config"])
-    model = transformers.AutoModelForSeq2SeqLM.from_config(config)
-    model.load_state_dict(strip_prefix(checkpoint["state_dict"], "model."))
-    if "generation_config" in checkpoint:
-        model.generation_config = transformers.GenerationConfig.from_dict(checkpoint["generation_config"])
-    gates = attach_gates(model, checkpoint["gate_kinds"], **checkpoint["gate_options"])
-    gates.load_state_dict(strip_prefix(checkpoint["state_dict"], "gates."))
-    return model.eval(), gates
 
 
 def _find_run_files(source: Path) -> tuple[Path, Path | None]:
@@ -620,30 +312,3 @@ def export_checkpoint(
         model, gates, out_dir, tokenizer, rule=rule, top_k=top_k, sample_inputs=pairs, overwrite=overwrite,
         max_new_tokens=max_new_tokens, device=device,
     )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="gatedprune-export", description="Prune the heads a gated run closed and write a verified, smaller model."
-    )
-    parser.add_argument("source", help="run directory (with metrics.json) or Lightning checkpoint")
-    parser.add_argument("out_dir", help="directory to write; must not exist or be empty unless --overwrite")
-    parser.add_argument(
-        "--top-k", type=int, default=None, help="keep exactly N heads (largest log_alpha) instead of log_alpha > 0"
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty out_dir")
-    parser.add_argument("--samples", type=int, default=8, help="validation pairs to verify on (when the run has them)")
-    parser.add_argument("--val-pairs", default=None, help="JSON-lines file of {source, target} pairs to verify on")
-    parser.add_argument("--max-new-tokens", type=int, default=20, help="length of the greedy generations compared")
-    parser.add_argument("--device", default="cpu", help="device for verification (default cpu)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    return run_reported(lambda: export_checkpoint(
-        args.source, args.out_dir, rule="binary" if args.top_k is None else "top-k", top_k=args.top_k,
-        overwrite=args.overwrite, samples=args.samples, val_pairs=args.val_pairs,
-        max_new_tokens=args.max_new_tokens, device=args.device,
-    ))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

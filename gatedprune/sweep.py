@@ -1,22 +1,19 @@
 """Summarise a sweep: one row per run of a Hydra multirun, BLEU against heads kept, optionally logged to W&B.
 
-`python -m gatedprune.sweep multirun/<date>/<time> [--out DIR] [--wandb]` writes `summary.csv`, `summary.md` and
+`gatedprune-sweep multirun/<date>/<time> [--out DIR] [--wandb]` (or `python -m gatedprune sweep ...`) writes `summary.csv`, `summary.md` and
 `pareto.png`. Runs that failed or have not finished are listed with their status, never plotted.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
 import os
 import re
-import sys
 import tempfile
 from pathlib import Path
 from statistics import mean, stdev
-from typing import Sequence
 
 import matplotlib
 
@@ -25,7 +22,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from gatedprune.cli import fail  # noqa: E402
 from gatedprune.utils import atomic_write_text, markdown_table  # noqa: E402
 
 KINDS = ("encoder", "decoder", "cross")
@@ -251,26 +247,6 @@ def log_to_wandb(rows: list[dict], plot: Path, name: str, out_dir: Path) -> None
     run.finish()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="gatedprune-sweep", description="Summarise the runs of a multirun: summary.csv, summary.md, pareto.png."
-    )
-    parser.add_argument("multirun_dir", help="e.g. multirun/<date>/<time>; searched recursively for run folders")
-    parser.add_argument("--out", default=None, help="where to write (default: multirun_dir)")
-    parser.add_argument("--wandb", action="store_true", help="also log the table and plot to W&B (offline by default)")
-    args = parser.parse_args(argv)
-    out = Path(args.out or args.multirun_dir)
-    try:
-        rows = summarise(args.multirun_dir, out)
-    except NoRunsError as error:
-        return fail(str(error), 2)
-    if args.wandb:
-        log_to_wandb(rows, out / "pareto.png", sweep_name(args.multirun_dir), out)
-    print((out / "summary.md").read_text(), end="")
-    print(f"wrote {out / 'summary.csv'}, {out / 'summary.md'}, {out / 'pareto.png'}")
-    return 0
-
-
 def _settings(run_dir: Path) -> str | None:
     """The run's composed config without what may differ between seeds of one setting, as a comparable string."""
     config = run_dir / ".hydra" / "config.yaml"
@@ -311,6 +287,3 @@ def _natural(path: Path) -> list:
 def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -111,7 +111,7 @@ def _trained_tokenizer(tmp_path):
 
 
 def test_exporter_refuses_corrupt_and_gateless_checkpoints(tmp_path):
-    from gatedprune.export import main
+    from gatedprune.cli import export_command as main
 
     truncated = tmp_path / "truncated.ckpt"
     truncated.write_bytes(b"PK\x03\x04 not a whole checkpoint")
@@ -127,7 +127,7 @@ def test_exporter_refuses_corrupt_and_gateless_checkpoints(tmp_path):
 def test_exporter_errors_are_one_line(tmp_path):
     truncated = tmp_path / "truncated.ckpt"
     truncated.write_bytes(b"garbage")
-    proc = subprocess.run([sys.executable, "-m", "gatedprune.export", str(truncated), str(tmp_path / "out")],
+    proc = subprocess.run([sys.executable, "-m", "gatedprune", "export", str(truncated), str(tmp_path / "out")],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]

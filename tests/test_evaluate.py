@@ -12,7 +12,8 @@ import transformers
 
 from helpers import compose_train, error_line, offline_env
 from gatedprune.data import load_bible_pairs, train_unigram_tokenizer
-from gatedprune.evaluate import evaluate_dir, main
+from gatedprune.cli import evaluate_command as main
+from gatedprune.evaluate import evaluate_dir
 from gatedprune.train import train
 
 
@@ -137,9 +138,9 @@ def test_evaluate_refuses_bad_input_in_one_line(plain_model, tmp_path):
           "data.files.train=null", "data.files.validation=null"], "data file not found"),
     ]
     for args, says in cases:
-        proc = subprocess.run([sys.executable, "-m", "gatedprune.evaluate", *args], capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-m", "gatedprune", "evaluate", *args], capture_output=True, text=True,
                               env=offline_env(), cwd=tmp_path, timeout=300)
         assert proc.returncode == 2 and says in error_line(proc), (args, proc.stderr[-2000:])
-    proc = subprocess.run([sys.executable, "-m", "gatedprune.evaluate", str(gpt2)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "gatedprune", "evaluate", str(gpt2)], capture_output=True, text=True,
                           env=offline_env(), cwd=tmp_path, timeout=300)
     assert proc.returncode == 2 and "not a sequence-to-sequence" in error_line(proc), proc.stderr[-2000:]

@@ -13,6 +13,9 @@ import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import gatedprune.export as export
+import gatedprune.export_dir as export_dir
+from gatedprune import remote_modeling
+from gatedprune.cli import export_command
 from families import FAMILIES
 from gatedprune.adapters import attention_sites
 from gatedprune.gating import attach_gates
@@ -95,7 +98,7 @@ def test_export_writes_a_verified_directory_that_reloads_both_ways(model_of, fam
 
 
 def test_modeling_file_imports_only_torch_and_transformers():
-    tree = ast.parse(open(export.remote_modeling.__file__).read())
+    tree = ast.parse(open(remote_modeling.__file__).read())
     imported = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -167,7 +170,7 @@ def test_an_interrupted_export_leaves_no_partial_output(model_of, tmp_path, monk
     def interrupted(*args, **kwargs):
         raise interruption("interrupted while writing the model card")
 
-    monkeypatch.setattr(export, "_write_card", interrupted)
+    monkeypatch.setattr(export_dir, "write_card", interrupted)
     model = model_of("mbart")
     with pytest.raises(interruption):
         export.export_gated(model, gated(model), tmp_path / "out")
@@ -229,16 +232,16 @@ def test_cli_exports_a_run_directory_and_a_checkpoint(model_of, tmp_path, capsys
     gates = gated(model, kinds)
     write_run(model, gates, tmp_path / "run", kinds)
 
-    assert export.main([str(tmp_path / "run"), str(tmp_path / "out")]) == 0
+    assert export_command([str(tmp_path / "run"), str(tmp_path / "out")]) == 0
     report = json.loads((tmp_path / "out" / export.REPORT_FILE).read_text())
     assert report["verification"]["passed"] and report["verification"]["inputs"] == "2 validation samples"
     assert report["plan"]["encoder"] == {p: k for p, k in gates.plan().items() if p.startswith("model.encoder.")}
     assert (tmp_path / "out" / "tokenizer.json").exists()
 
-    assert export.main([str(tmp_path / "run"), str(tmp_path / "out")]) == 2
+    assert export_command([str(tmp_path / "run"), str(tmp_path / "out")]) == 2
     assert "not empty" in capsys.readouterr().err
 
     checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    assert export.main([str(checkpoint), str(tmp_path / "top"), "--top-k", "4"]) == 0
+    assert export_command([str(checkpoint), str(tmp_path / "top"), "--top-k", "4"]) == 0
     report = json.loads((tmp_path / "top" / export.REPORT_FILE).read_text())
     assert report["heads_kept"]["total"] == [4 + 8, 24] and report["rule"] == "top-k, k=4"

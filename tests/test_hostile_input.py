@@ -14,7 +14,8 @@ import torch
 
 from families import tiny_model
 from helpers import compose_train, error_line, offline_env, run_train
-from gatedprune import attach_gates, export, rundir
+from gatedprune import attach_gates, export, export_dir, rundir
+from gatedprune.cli import export_command
 from gatedprune.data import read_pairs_file
 from gatedprune.methods import L0
 from gatedprune.module import GatedSeq2Seq, GenerationConfig, OptimConfig
@@ -65,7 +66,7 @@ def _malicious_run(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_a_checkpoint_that_would_run_code_is_refused_by_export_and_resume(tmp_path):
     checkpoint, marker = _malicious_run(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "gatedprune.export", str(checkpoint), str(tmp_path / "out")],
+    proc = subprocess.run([sys.executable, "-m", "gatedprune", "export", str(checkpoint), str(tmp_path / "out")],
                           capture_output=True, text=True, env=offline_env(), cwd=tmp_path, timeout=300)
     assert proc.returncode == 2 and "posix.system" in error_line(proc) and "could run code" in error_line(proc)
     assert not marker.exists() and not (tmp_path / "out").exists()
@@ -177,7 +178,7 @@ def test_export_refuses_to_write_over_its_source(finished_run, tmp_path, capsys)
         (checkpoint, finished_run / "checkpoints", "is or contains the source"),
         (finished_run / "checkpoints" / "last.ckpt", finished_run / "checkpoints" / "x", "inside the run's checkpoints/"),
     ]:
-        assert export.main([str(source), str(out), "--overwrite"]) == 2
+        assert export_command([str(source), str(out), "--overwrite"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: output directory") and says in err[0], err
     assert sorted(p.relative_to(finished_run) for p in finished_run.rglob("*")) == before
@@ -241,8 +242,8 @@ def test_stale_partial_exports_of_dead_processes_are_removed(model_of, tmp_path,
         (tmp_path / name).mkdir()
         (tmp_path / name / "model.safetensors").write_text("half")
     staged = []
-    write_card = export._write_card
-    monkeypatch.setattr(export, "_write_card", lambda d, *a: (staged.append(d.name), write_card(d, *a)))
+    write_card = export_dir.write_card
+    monkeypatch.setattr(export_dir, "write_card", lambda d, *a: (staged.append(d.name), write_card(d, *a)))
     model = model_of("bart")
     gates = attach_gates(model)
     with caplog.at_level("WARNING"):
@@ -257,7 +258,7 @@ def test_an_export_killed_between_its_two_renames_gets_its_previous_directory_ba
     old.mkdir()
     (old / "config.json").write_text("{}")
     with pytest.raises(FileExistsError, match="not empty"):
-        export._check_target(tmp_path / "out", overwrite=False)
+        export_dir.check_target(tmp_path / "out", overwrite=False)
     assert (tmp_path / "out" / "config.json").read_text() == "{}" and not old.exists()
 
 
@@ -295,7 +296,7 @@ def test_data_file_errors_name_the_file_and_line(tmp_path):
 
 def test_export_of_a_directory_without_a_run_says_what_is_missing(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
-    assert export.main([str(tmp_path / "empty"), str(tmp_path / "out")]) == 2
+    assert export_command([str(tmp_path / "empty"), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: {tmp_path / 'empty'} holds neither metrics.json nor checkpoints/last.ckpt; "
                    "give a run directory or a .ckpt file"]

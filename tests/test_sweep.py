@@ -13,7 +13,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
 
 from gatedprune.report import budget_objective
-from gatedprune.sweep import dense_baseline, main, seed_groups, summarise
+from gatedprune.cli import sweep_command as main
+from gatedprune.sweep import dense_baseline, seed_groups, summarise
 from helpers import ROOT, compose_train, offline_env
 
 
