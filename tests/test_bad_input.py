@@ -46,7 +46,7 @@ def test_missing_language_columns_are_named(tmp_path):
         ("pruning.kinds=[encoder,self]", ["unknown attention kind(s) ['self']; allowed: encoder, decoder, cross"]),
         ("pruning.gates.temperature=0", ["gate temperature must be > 0, got 0"]),
         ("pruning.gates.temperature=inf", ["pruning.gates.temperature=inf is not a finite number"]),
-        ("data.source=web", ["unknown data source 'web'; allowed:"]),
+        ("data=web", ["Could not find 'data/web'", "Available options in 'data': bible; files; hf"]),
         ("model.name_or_path=./no/such/model", ["no tokenizer at './no/such/model' (data.tokenizer_path, by default"]),
         ("pruning.gates.stretch=[0.1,1.1]", ["gamma < 0 < 1 < zeta, got (0.1, 1.1)"]),
         ("pruning.gates.stretch=[-0.1,0.9]", ["got (-0.1, 0.9)"]),

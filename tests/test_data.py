@@ -18,6 +18,9 @@ from gatedprune.data import (
     BIBLE_DB,
     BIBLE_EVAL_PAIRS,
     EpochShuffle,
+    BibleData,
+    FilesData,
+    HFData,
     TranslationDataModule,
     clean_verse,
     load_bible_pairs,
@@ -30,7 +33,7 @@ MARKERS = re.compile(r"[\[\]`\xad\t]|\(\d+:\d+|  ")
 
 @pytest.fixture(scope="module")
 def bible_dm(tmp_path_factory) -> TranslationDataModule:
-    dm = TranslationDataModule(tokenizer_dir=str(tmp_path_factory.mktemp("tok") / "tokenizer"), **SMALL)
+    dm = BibleData(tokenizer_dir=str(tmp_path_factory.mktemp("tok") / "tokenizer"), **SMALL)
     dm.setup()
     return dm
 
@@ -70,15 +73,15 @@ def test_bible_pairs_respect_max_chars_and_are_distinct():
 
 
 def test_bible_split_is_fixed_and_disjoint():
-    first = TranslationDataModule(seed=1).load_pairs()
-    second = TranslationDataModule(seed=2).load_pairs()  # the training seed must not move the split
+    first = BibleData(seed=1).load_pairs()
+    second = BibleData(seed=2).load_pairs()  # the training seed must not move the split
     assert first == second
     assert len(first["validation"]) == len(first["test"]) == BIBLE_EVAL_PAIRS
     assert len(first["train"]) == len(load_bible_pairs()) - 2 * BIBLE_EVAL_PAIRS
     sets = {split: set(pairs) for split, pairs in first.items()}
     assert not sets["train"] & sets["validation"] and not sets["train"] & sets["test"]
     assert not sets["validation"] & sets["test"]
-    assert TranslationDataModule(split_seed=7).load_pairs()["test"] != first["test"]
+    assert BibleData(split_seed=7).load_pairs()["test"] != first["test"]
 
 
 def test_trained_tokenizer_round_trips_appends_eos_and_is_saved(bible_dm):
@@ -138,7 +141,7 @@ def test_batch_order_depends_on_seed_and_epoch_only(bible_dm):
         loader.batch_sampler.sampler.set_epoch(epoch)
         return [batch["input_ids"][0].tolist() for batch in loader]
 
-    resumed = TranslationDataModule(tokenizer_path=bible_dm.tokenizer_dir, **SMALL)  # a fresh process, same seed
+    resumed = BibleData(tokenizer_path=bible_dm.tokenizer_dir, **SMALL)  # a fresh process, same seed
     resumed.setup()
     assert order(bible_dm, 0) != order(bible_dm, 1)
     assert order(resumed, 1) == order(bible_dm, 1)
@@ -215,7 +218,7 @@ def _write_split_files(directory, pairs, suffix: str, nested: bool) -> dict[str,
 )
 def test_local_files_load(tmp_path, bible_dm, bible_pairs, suffix, nested):
     files = _write_split_files(tmp_path, bible_pairs, suffix, nested)
-    dm = TranslationDataModule(source="files", files=files, tokenizer_path=bible_dm.tokenizer_dir, max_length=200)
+    dm = FilesData(files=files, tokenizer_path=bible_dm.tokenizer_dir, max_length=200)
     dm.setup()
     assert dm.pairs["validation"] == bible_pairs[80:100] and len(dm.datasets["train"]) == 80
     batch = next(iter(dm.val_dataloader()))
@@ -224,8 +227,7 @@ def test_local_files_load(tmp_path, bible_dm, bible_pairs, suffix, nested):
 
 def test_files_source_trains_its_own_tokenizer(tmp_path, bible_pairs):
     files = _write_split_files(tmp_path, bible_pairs, ".tsv", nested=False)
-    dm = TranslationDataModule(
-        source="files", files=files, vocab_size=300, tokenizer_dir=str(tmp_path / "tok"), max_val_pairs=5
+    dm = FilesData(files=files, vocab_size=300, tokenizer_dir=str(tmp_path / "tok"), max_val_pairs=5
     )
     assert dm.prepare_tokenizer().eos_token_id == 1 and (tmp_path / "tok" / "tokenizer.json").is_file()
     assert dm.pairs["validation"] == bible_pairs[80:85]
@@ -234,7 +236,7 @@ def test_files_source_trains_its_own_tokenizer(tmp_path, bible_pairs):
 def test_test_split_is_optional_for_files(tmp_path, bible_dm, bible_pairs):
     files = _write_split_files(tmp_path, bible_pairs, ".tsv", nested=False)
     del files["test"]
-    dm = TranslationDataModule(source="files", files=files, tokenizer_path=bible_dm.tokenizer_dir, max_length=200)
+    dm = FilesData(files=files, tokenizer_path=bible_dm.tokenizer_dir, max_length=200)
     dm.setup()
     assert len(dm.val_dataloader()) == 1
     with pytest.raises(ValueError, match="no test split"):
@@ -249,7 +251,7 @@ def test_hf_dataset_saved_to_disk_and_data_file_directory(tmp_path, bible_dm, bi
     })
     saved.save_to_disk(tmp_path / "saved")
     splits = {"train": "train", "validation": "dev", "test": "test"}
-    dm = TranslationDataModule(source="hf", hf_name=str(tmp_path / "saved"), splits=splits,
+    dm = HFData(hf_name=str(tmp_path / "saved"), splits=splits,
                                tokenizer_path=bible_dm.tokenizer_dir)
     dm.setup()
     assert dm.pairs["validation"] == bible_pairs[80:100] and len(dm.pairs["train"]) == 80
@@ -258,13 +260,13 @@ def test_hf_dataset_saved_to_disk_and_data_file_directory(tmp_path, bible_dm, bi
     directory = tmp_path / "jsonl"  # train.jsonl, validation.jsonl, test.jsonl: load_dataset names splits by file
     directory.mkdir()
     _write_split_files(directory, bible_pairs, ".jsonl", nested=False)
-    pairs = TranslationDataModule(source="hf", hf_name=str(directory)).load_pairs()
+    pairs = HFData(hf_name=str(directory)).load_pairs()
     assert pairs["test"] == bible_pairs[100:120]
 
 
-def _error(**kwargs) -> str:
+def _error(source: str = "bible", **kwargs) -> str:
     with pytest.raises(ValueError) as info:
-        dm = TranslationDataModule(**kwargs)
+        dm = {"bible": BibleData, "files": FilesData, "hf": HFData}[source](**kwargs)
         dm.setup()
     message = str(info.value)
     assert "\n" not in message
@@ -274,7 +276,6 @@ def _error(**kwargs) -> str:
 def test_bad_inputs_raise_one_line_value_errors(tmp_path, bible_dm, bible_pairs):
     files = _write_split_files(tmp_path, bible_pairs, ".jsonl", nested=False)
     nested = _write_split_files(tmp_path / "nested", bible_pairs, ".parquet", nested=True)
-    assert "'opus'" in (m := _error(source="opus")) and "bible" in m and "files" in m
     assert "'zz'" in (m := _error(bible_tgt="zz")) and "'l'" in m
     assert "'de'" in (m := _error(source="files", files=files, tgt_lang="de")) and "['en', 'fr']" in m
     assert "'de'" in (m := _error(source="files", files=nested, tgt_key="de")) and "['en', 'fr']" in m

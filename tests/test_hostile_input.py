@@ -306,7 +306,7 @@ def test_export_of_a_directory_without_a_run_says_what_is_missing(tmp_path, caps
 
 
 def test_tsv_header_lines_are_detected_and_empty_pairs_dropped(tmp_path, capsys):
-    from gatedprune.data import TranslationDataModule
+    from gatedprune.data import FilesData
 
     rows = ["en\tfr", "one\tun", "two\t", "\tdeux", "  \t  ", "three\ttrois"]
     for split in ("train", "validation"):
@@ -319,7 +319,7 @@ def test_tsv_header_lines_are_detected_and_empty_pairs_dropped(tmp_path, capsys)
     capsys.readouterr()
 
     files = {split: str(tmp_path / f"{split}.tsv") for split in ("train", "validation")}
-    pairs = TranslationDataModule(source="files", files=files).load_pairs()
+    pairs = FilesData(files=files).load_pairs()
     assert pairs["train"] == pairs["validation"] == [("one", "un"), ("three", "trois")]
     out = capsys.readouterr().out
     assert f"{tmp_path / 'train.tsv'}: skipped the header line ('en', 'fr')" in out

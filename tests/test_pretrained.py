@@ -10,7 +10,7 @@ import sentencepiece
 import torch
 import transformers
 
-from gatedprune.data import TranslationDataModule, set_language_codes, train_unigram_tokenizer
+from gatedprune.data import FilesData, set_language_codes, train_unigram_tokenizer
 from gatedprune.models import start_with_target_language
 from gatedprune.support import tiny_config
 
@@ -70,8 +70,7 @@ def _files(tmp_path, pairs):
 def test_source_prefix_goes_before_every_source(tmp_path):
     tokenizer_dir = tmp_path / "tok"
     nllb_tokenizer().save_pretrained(tokenizer_dir)
-    data = TranslationDataModule(
-        source="files", files=_files(tmp_path, [("ab", "cd")] * 3), tokenizer_path=str(tokenizer_dir),
+    data = FilesData(files=_files(tmp_path, [("ab", "cd")] * 3), tokenizer_path=str(tokenizer_dir),
         source_prefix="xy ", max_tokens=64, max_length=16,
     )
     data.setup()
@@ -97,8 +96,7 @@ def test_marian_targets_use_the_target_vocabulary(tmp_path):
         source_spm=str(source), target_spm=str(target), vocab=str(tmp_path / "vocab.json"), separate_vocabs=False,
     )
     tokenizer.save_pretrained(tmp_path / "tok")
-    data = TranslationDataModule(
-        source="files", files=_files(tmp_path, [("abc", "xyz")] * 3), tokenizer_path=str(tmp_path / "tok"),
+    data = FilesData(files=_files(tmp_path, [("abc", "xyz")] * 3), tokenizer_path=str(tmp_path / "tok"),
         max_tokens=64, max_length=16,
     )
     data.setup()

@@ -23,7 +23,7 @@ def test_every_option_of_every_group_composes_and_its_cheap_parts_instantiate(tm
     for option in sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")):
         compose_train(tmp_path, f"experiment={option}")
     cfg = compose_train(tmp_path, "logger=wandb", "trainer=gpu", "data=files", "model=pretrained")
-    assert set(cfg.logger) == {"csv", "wandb"} and cfg.data.source == "files"
+    assert set(cfg.logger) == {"csv", "wandb"} and cfg.data._target_ == "gatedprune.data.FilesData"
     for option in sorted(p.stem for p in (CONF / "trainer").glob("*.yaml")):
         assert compose_train(tmp_path, f"trainer={option}").trainer.use_distributed_sampler is False  # data.py shards
     trainer = instantiate(compose_train(tmp_path, "trainer=ddp_cpu").trainer, logger=False, callbacks=[])

@@ -1,0 +1,279 @@
+"""A Lightning data module of sentence pairs: one language direction, tokenised, in token-budget batches.
+
+``TranslationDataModule`` does what every source shares (tokenizer, language codes, caps, batching, resume); each
+source (``data=bible``, ``data=files``, ``data=hf``: its own ``_target_``) says only how it reads its splits.
+Training pairs go into batches of at most ``max_tokens`` padded tokens, grouped by length; the batch order is
+reshuffled every epoch from (seed, epoch) alone.
+"""
+
+from __future__ import annotations
+
+import warnings
+from functools import partial
+from pathlib import Path
+
+import lightning
+import transformers
+from torch.utils.data import DataLoader
+
+from gatedprune.data.batching import EpochShuffle, FixedBatches, TokenizedPairs, collate_pairs, token_budget_batches
+from gatedprune.data.bible import BIBLE_MAX_CHARS, load_bible_pairs, split_bible_pairs
+from gatedprune.data.sources import drop_empty_pairs, load_hf_pairs, read_pairs_file
+from gatedprune.data.tokenizer import set_language_codes, train_unigram_tokenizer
+
+Pair = tuple[str, str]
+SPLITS = ("train", "validation", "test")  # the test split is optional for the hf and files sources
+
+# Lightning warns that a mid-epoch resume replays the epoch from its start; this module's sampler resumes exactly
+warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
+
+
+def _check_split_names(given: dict, name: str, required: tuple[str, ...]) -> None:
+    unknown = [split for split in given if split not in SPLITS]
+    if unknown:
+        raise ValueError(f"{name} has an unknown split {unknown[0]!r}; allowed: {list(SPLITS)}")
+    missing = [split for split in required if split not in given]
+    if missing:
+        raise ValueError(f"{name} has no entry for split {missing[0]!r}; given: {sorted(given)}")
+
+
+class TranslationDataModule(lightning.LightningDataModule):
+    """Sentence pairs of one language direction, tokenised, in token-budget training batches.
+
+    Call ``prepare_tokenizer()`` first when the model needs the vocabulary (it is idempotent; ``setup`` calls it).
+    Without ``tokenizer_path`` a shared Unigram tokenizer is trained on the training split and saved to
+    ``tokenizer_dir``; pass that directory as ``tokenizer_path`` later to reuse it.
+    """
+
+    source = "?"  # set by each source below: bible, files, hf
+
+    def __init__(
+        self,
+        src_lang: str = "en",
+        tgt_lang: str = "fr",
+        tokenizer_path: str | None = None,
+        vocab_size: int = 8000,
+        tokenizer_dir: str = "tokenizer",
+        max_tokens: int = 4096,
+        max_length: int = 48,
+        max_chars: int | None = None,  # pairs with a side longer than this many characters do not train
+        eval_batch_size: int = 64,
+        max_train_pairs: int | None = None,
+        max_val_pairs: int | None = None,
+        max_test_pairs: int | None = None,
+        required_splits: tuple[str, ...] = ("train", "validation"),  # what training needs; evaluation needs less
+        num_workers: int = 0,
+        seed: int = 1234,
+        src_lang_code: str | None = None,  # a multilingual tokenizer's language codes (mBART-50, M2M100, NLLB)
+        tgt_lang_code: str | None = None,
+        source_prefix: str = "",  # prepended to every source text: T5's task prefix, "translate English to French: "
+    ) -> None:
+        super().__init__()
+        if max_tokens < max_length:
+            raise ValueError(f"max_tokens={max_tokens} must be at least max_length={max_length}")
+        self.src_lang, self.tgt_lang = src_lang, tgt_lang
+        self.tokenizer_path, self.vocab_size, self.tokenizer_dir = tokenizer_path, vocab_size, tokenizer_dir
+        self.max_tokens, self.max_length, self.max_chars = max_tokens, max_length, max_chars
+        self.eval_batch_size = eval_batch_size
+        self.max_train_pairs, self.max_val_pairs, self.max_test_pairs = max_train_pairs, max_val_pairs, max_test_pairs
+        self.required_splits = tuple(required_splits)
+        self.num_workers, self.seed = num_workers, seed
+        self.lang_codes = {"src_lang": src_lang_code, "tgt_lang": tgt_lang_code}
+        self.source_prefix = source_prefix
+        self.pairs: dict[str, list[Pair]] | None = None
+        self.tokenizer: transformers.PreTrainedTokenizerBase | None = None
+        self.datasets: dict[str, TokenizedPairs] | None = None
+        self.batches: dict[str, list[list[int]]] | None = None
+        # (epoch, training batches of it already used) where a resumed run picks up; Lightning draws the first
+        # batch before it calls set_epoch, so the sampler must know the epoch from the start
+        self._resume_at = (0, 0)
+
+    def read_splits(self) -> dict[str, list[Pair]]:
+        """(source, target) strings per split, as the source has them: each source says how."""
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        """Where the pairs come from and how many each split holds (for reports)."""
+        return {"source": self.source, "pairs": {split: len(d) for split, d in (self.datasets or {}).items()}}
+
+    def load_pairs(self) -> dict[str, list[Pair]]:
+        """Raw (source, target) strings per split, before any tokenisation: empty pairs dropped, caps applied."""
+        pairs = self.read_splits()
+        for split, split_pairs in pairs.items():
+            pairs[split] = drop_empty_pairs(split_pairs, f"split {split!r}")
+        if self.max_chars is not None and "train" in pairs:
+            pairs["train"] = [p for p in pairs["train"] if max(map(len, p)) <= self.max_chars]
+        for split, limit in (("train", self.max_train_pairs), ("validation", self.max_val_pairs),
+                             ("test", self.max_test_pairs)):
+            if split in pairs:
+                pairs[split] = pairs[split][:limit]
+        for split, split_pairs in pairs.items():
+            if not split_pairs:
+                raise ValueError(f"split {split!r} of source {self.source!r} holds no sentence pairs")
+        return pairs
+
+    def prepare_tokenizer(self) -> transformers.PreTrainedTokenizerBase:
+        """Load the pairs and the tokenizer (training and saving one when no ``tokenizer_path`` is given)."""
+        if self.tokenizer is not None:
+            return self.tokenizer
+        self.pairs = self.load_pairs()
+        if self.tokenizer_path is not None:
+            where = f"{self.tokenizer_path!r} (data.tokenizer_path, by default model.name_or_path)"
+            local = Path(str(self.tokenizer_path)).expanduser()
+            if local.is_dir() and not any(any(local.glob(p)) for p in ("tokenizer*", "*.model", "*.spm", "vocab*")):
+                raise ValueError(f"no tokenizer at {where}: the directory holds no tokenizer files")
+            try:
+                self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.tokenizer_path)
+            except OSError:
+                raise ValueError(f"no tokenizer at {where}: not a local directory and not a cached hub model") from None
+            except ValueError as err:  # transformers explains over several lines why it could not build one
+                raise ValueError(f"no usable tokenizer at {where}: {str(err).splitlines()[0]}") from None
+        else:
+            texts = [text for pair in self.pairs["train"] for text in pair]
+            self.tokenizer = train_unigram_tokenizer(texts, self.vocab_size)
+            self.tokenizer.save_pretrained(self.tokenizer_dir)
+        if self.tokenizer.pad_token_id is None:
+            raise ValueError(f"tokenizer {self.tokenizer_path!r} has no pad token; padding needs one")
+        set_language_codes(self.tokenizer, **self.lang_codes)
+        return self.tokenizer
+
+    def _tokenize(self, pairs: list[Pair]) -> tuple[list[list[int]], list[list[int]]]:
+        src_texts, tgt_texts = (list(side) for side in zip(*pairs))
+        src_texts = [self.source_prefix + text for text in src_texts]
+        return self.tokenizer(src_texts)["input_ids"], self.tokenizer(text_target=tgt_texts)["input_ids"]
+
+    def setup(self, stage: str | None = None) -> None:
+        """Tokenise every split, drop over-long training pairs, and fix the batches."""
+        if self.datasets is not None:
+            return
+        self.prepare_tokenizer()
+        self.datasets, self.batches = {}, {}
+        for split, pairs in self.pairs.items():
+            src_ids, tgt_ids = self._tokenize(pairs)
+            if split == "train":
+                keep = [i for i in range(len(pairs)) if max(len(src_ids[i]), len(tgt_ids[i])) <= self.max_length]
+                if not keep:
+                    raise ValueError(
+                        f"all {len(pairs)} training pairs are longer than max_length={self.max_length} tokens"
+                    )
+                pairs, src_ids, tgt_ids = ([seq[i] for i in keep] for seq in (pairs, src_ids, tgt_ids))
+                lengths = [max(len(s), len(t)) for s, t in zip(src_ids, tgt_ids)]
+                self.batches[split] = token_budget_batches(lengths, self.max_tokens)
+            else:
+                order = sorted(range(len(pairs)), key=lambda i: len(src_ids[i]))
+                size = self.eval_batch_size
+                self.batches[split] = [order[i : i + size] for i in range(0, len(order), size)]
+            self.datasets[split] = TokenizedPairs(pairs, src_ids, tgt_ids)
+
+    def loader(self, split: str, batch_size: int | None = None, shard: bool = True) -> DataLoader:
+        """The batches of ``split``; evaluation splits in ``batch_size`` sentences (default ``eval_batch_size``).
+
+        Under DDP (``shard``) each process reads its own share: training batches by EpochShuffle, evaluation pairs
+        round-robin (every process gets some as long as there are as many pairs as processes).
+        """
+        if split not in self.datasets:
+            raise ValueError(f"source {self.source!r} was given no {split} split; add one to files or splits")
+        batches = self.batches[split]
+        is_train = split == "train"
+        rank, world_size = (self.trainer.global_rank, self.trainer.world_size) if self.trainer and shard else (0, 1)
+        if is_train:
+            batch_order = EpochShuffle(len(batches), self.seed, *self._resume_at, rank=rank, world_size=world_size)
+        else:
+            size = batch_size or self.eval_batch_size
+            ours = [i for batch in batches for i in batch][rank::world_size]  # shortest sources first
+            batches = [ours[i : i + size] for i in range(0, len(ours), size)]
+            batch_order = range(len(batches))
+        return DataLoader(
+            self.datasets[split],
+            batch_sampler=FixedBatches(batches, batch_order),
+            collate_fn=partial(collate_pairs, pad_id=self.tokenizer.pad_token_id, with_texts=not is_train),
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def state_dict(self) -> dict:
+        """Saved in Lightning checkpoints: how far into which epoch training was, so a resume skips those batches."""
+        if self.trainer is None:
+            return {"epoch": 0, "train_batches_done_in_epoch": 0}
+        progress = self.trainer.fit_loop.epoch_loop.batch_progress.current
+        return {"epoch": self.trainer.current_epoch, "train_batches_done_in_epoch": progress.processed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resume_at = (state.get("epoch", 0), state.get("train_batches_done_in_epoch", 0))
+
+    def train_dataloader(self) -> DataLoader:
+        return self.loader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self.loader("validation")
+
+    def test_dataloader(self) -> DataLoader:
+        return self.loader("test")
+
+
+class BibleData(TranslationDataModule):
+    """``data=bible``: the built-in EN-FR corpus (World English Bible -> Louis Segond 1910), split with a fixed seed.
+
+    Codes: "4" World English Bible, "l" Louis Segond 1910, "v" Reina Valera 1909 (others exist in the database).
+    ``max_chars`` caps both sides before the split, so it defines the corpus here (all three splits).
+    """
+
+    source = "bible"
+
+    def __init__(self, bible_src: str = "4", bible_tgt: str = "l", split_seed: int = 1234,
+                 max_chars: int = BIBLE_MAX_CHARS, **common) -> None:
+        super().__init__(max_chars=None, **common)
+        self.bible_src, self.bible_tgt, self.split_seed, self.corpus_max_chars = bible_src, bible_tgt, split_seed, max_chars
+
+    def read_splits(self) -> dict[str, list[Pair]]:
+        return split_bible_pairs(load_bible_pairs(self.bible_src, self.bible_tgt, self.corpus_max_chars), self.split_seed)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "source": f"bible {self.bible_src}->{self.bible_tgt}"}
+
+
+class FilesData(TranslationDataModule):
+    """``data=files``: one local file per split (train and validation required, test optional)."""
+
+    source = "files"
+
+    def __init__(self, files: dict[str, str | None] | None = None, files_header: bool | None = None,
+                 src_key: str | None = None, tgt_key: str | None = None, **common) -> None:
+        super().__init__(**common)
+        self.files = {split: path for split, path in (files or {}).items() if path is not None}
+        self.files_header = files_header  # a TSV's first line: None detects a header, True skips it, False keeps it
+        self.src_key, self.tgt_key = src_key or self.src_lang, tgt_key or self.tgt_lang
+
+    def read_splits(self) -> dict[str, list[Pair]]:
+        _check_split_names(self.files, "files", self.required_splits)
+        return {split: read_pairs_file(path, self.src_key, self.tgt_key, self.files_header)
+                for split, path in self.files.items()}
+
+    def describe(self) -> dict:
+        return {**super().describe(), "source": f"files {self.files}"}
+
+
+class HFData(TranslationDataModule):
+    """``data=hf``: a Hugging Face dataset (hub id, data-file directory, or a ``save_to_disk`` directory).
+
+    ``splits`` maps our split names to the dataset's (slices such as "train[:1000000]" pass through).
+    """
+
+    source = "hf"
+
+    def __init__(self, hf_name: str | None = None, hf_config: str | None = None,
+                 splits: dict[str, str] | None = None, src_key: str | None = None, tgt_key: str | None = None,
+                 **common) -> None:
+        super().__init__(**common)
+        self.hf_name, self.hf_config = hf_name, hf_config
+        self.splits = dict(zip(SPLITS, SPLITS)) if splits is None else {k: v for k, v in splits.items() if v}
+        self.src_key, self.tgt_key = src_key or self.src_lang, tgt_key or self.tgt_lang
+
+    def read_splits(self) -> dict[str, list[Pair]]:
+        if self.hf_name is None:
+            raise ValueError("data=hf needs data.hf_name (a hub id or a local dataset directory), got None")
+        _check_split_names(self.splits, "splits", self.required_splits)
+        return load_hf_pairs(self.hf_name, self.hf_config, self.splits, self.src_key, self.tgt_key)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "source": f"hf {self.hf_name} {self.hf_config or ''}".strip()}
