@@ -3,8 +3,8 @@
 from gatedprune.adapters import ATTENTION_KINDS, attention_sites
 from gatedprune.export import export_gated
 from gatedprune.export_dir import save_pruned
-from gatedprune.gates import GateOptions, HardConcreteGate
-from gatedprune.gating import HeadGates, attach_gates
+from gatedprune.hard_concrete import GateOptions, HardConcreteGate
+from gatedprune.head_gates import HeadGates, attach_gates
 from gatedprune.surgery import load_pruned, prune_heads
 
 __all__ = [

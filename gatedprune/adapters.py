@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from gatedprune.remote_modeling import attr
+from gatedprune.pruned_modeling import attr
 
 ATTENTION_KINDS = ("encoder", "decoder", "cross")
 PIN_KEY = "gatedprune_layout"  # config attribute holding a user-pinned layout (travels in config.json)

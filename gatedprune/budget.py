@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from gatedprune.adapters import ATTENTION_KINDS
-from gatedprune.gating import HeadGates
+from gatedprune.head_gates import HeadGates
 
 TargetSpec = int | float | dict
 

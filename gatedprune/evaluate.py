@@ -150,7 +150,7 @@ def load_seq2seq(model_dir: str | Path):
     ``ValueError`` for anything else."""
     import transformers
 
-    from gatedprune.remote_modeling import CONFIG_KEY
+    from gatedprune.pruned_modeling import CONFIG_KEY
     from gatedprune.surgery import load_pruned
 
     path = Path(model_dir)

@@ -22,7 +22,7 @@ from gatedprune import export_dir
 from gatedprune.checkpoints import load_gated_checkpoint
 from gatedprune.cli import RunFailed
 from gatedprune.export_dir import MODELING_FILE, REPORT_FILE, check_out_dir, save_pruned  # noqa: F401  (API)
-from gatedprune.gating import HeadGates
+from gatedprune.head_gates import HeadGates
 from gatedprune.surgery import auto_class, count_parameters, fresh_model, load_pruned, masked_heads, prune_heads, removed_parameters
 
 log = logging.getLogger(__name__)

@@ -20,10 +20,10 @@ import torch
 import transformers
 from torch import nn
 
-from gatedprune import remote_modeling
+from gatedprune import pruned_modeling
 from gatedprune.adapters import ATTENTION_KINDS, attention_sites
 from gatedprune.cli import version
-from gatedprune.remote_modeling import CONFIG_KEY, upgrade_record
+from gatedprune.pruned_modeling import CONFIG_KEY, upgrade_record
 from gatedprune.surgery import auto_class, count_parameters, family_class, plan_record, record_removed_parameters
 
 log = logging.getLogger("gatedprune.export")
@@ -128,7 +128,7 @@ def write_model(model: transformers.PreTrainedModel, directory: Path, tokenizer=
     base = family_class(model.config).__name__
     class_name = f"GatedPruned{base}"
     (directory / MODELING_FILE).write_text(
-        Path(remote_modeling.__file__).read_text() + f"{class_name} = pruned_model_class(transformers.{base})\n"
+        Path(pruned_modeling.__file__).read_text() + f"{class_name} = pruned_model_class(transformers.{base})\n"
     )
     # written into the file, not onto the model: the caller's config stays as it was
     config_file = directory / "config.json"

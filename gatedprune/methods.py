@@ -21,8 +21,8 @@ from torch import nn
 from gatedprune.adapters import ATTENTION_KINDS, check_kinds
 from gatedprune.budget import HeadBudget, resolve_targets
 from gatedprune.distill import DistillOptions
-from gatedprune.gates import GATE_MODES, GateOptions
-from gatedprune.gating import PENALTY_NORMALISATIONS, HeadGates
+from gatedprune.hard_concrete import GATE_MODES, GateOptions
+from gatedprune.head_gates import PENALTY_NORMALISATIONS, HeadGates
 from gatedprune.utils import check_numbers
 
 

@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from gatedprune.gating import HeadGates  # noqa: E402
+from gatedprune.head_gates import HeadGates  # noqa: E402
 
 
 @torch.no_grad()

@@ -19,7 +19,7 @@ from transformers.models.auto.modeling_auto import (
 
 from gatedprune.adapters import ATTENTION_KINDS, LayoutError, attention_sites, probe
 from gatedprune.export import save_pruned
-from gatedprune.gating import attach_gates
+from gatedprune.head_gates import attach_gates
 from gatedprune.surgery import (
     auto_class,
     count_parameters,

@@ -2,7 +2,7 @@
 
 A plan is ``{attention module path: kept head indices}``, the indices counted among the module's current heads;
 modules it does not name keep all their heads. Gates (``HeadGates.plan()``), a baseline or a hand-written dict all
-produce the same type; only ``prune_heads`` touches weights. The cutting itself lives in ``remote_modeling``,
+produce the same type; only ``prune_heads`` touches weights. The cutting itself lives in ``pruned_modeling``,
 which is also written beside exported weights, so both loading paths rebuild the same shapes.
 """
 
@@ -22,8 +22,8 @@ from transformers.models.auto.modeling_auto import (
 )
 
 from gatedprune.adapters import AttentionSite, attention_sites, probe
-from gatedprune.gating import HeadGates, attach_gates
-from gatedprune.remote_modeling import (
+from gatedprune.head_gates import HeadGates, attach_gates
+from gatedprune.pruned_modeling import (
     CONFIG_KEY,
     install_runtime,
     layout_of,
@@ -91,7 +91,7 @@ def check_plan(model: nn.Module, plan: Plan) -> dict[str, list[int]]:
 
 
 def plan_record(model: nn.Module) -> dict | None:
-    """The record ``prune_heads`` keeps on ``model.config`` (see ``remote_modeling``), or None if never pruned."""
+    """The record ``prune_heads`` keeps on ``model.config`` (see ``pruned_modeling``), or None if never pruned."""
     return getattr(model.config, CONFIG_KEY, None)
 
 

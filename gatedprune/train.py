@@ -24,7 +24,7 @@ from gatedprune.cli import BAD_INPUT, one_line
 from gatedprune.export import check_out_dir, export_gated, save_pruned
 from gatedprune.finetune import FineTuneConfig, finetune
 from gatedprune.evaluate import score
-from gatedprune.module import GatedSeq2Seq
+from gatedprune.lightning_module import GatedSeq2Seq
 from gatedprune.report import final_table, run_metrics
 from gatedprune.surgery import load_pruned
 from gatedprune.utils import atomic_write_text, write_json

@@ -14,11 +14,11 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 import gatedprune.export as export
 import gatedprune.export_dir as export_dir
-from gatedprune import remote_modeling
+from gatedprune import pruned_modeling
 from gatedprune.cli import export_command
 from families import FAMILIES
 from gatedprune.adapters import attention_sites
-from gatedprune.gating import attach_gates
+from gatedprune.head_gates import attach_gates
 from gatedprune.surgery import load_pruned, masked_heads, plan_record, prune_heads
 
 transformers.utils.logging.disable_progress_bar()
@@ -98,7 +98,7 @@ def test_export_writes_a_verified_directory_that_reloads_both_ways(model_of, fam
 
 
 def test_modeling_file_imports_only_torch_and_transformers():
-    tree = ast.parse(open(remote_modeling.__file__).read())
+    tree = ast.parse(open(pruned_modeling.__file__).read())
     imported = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

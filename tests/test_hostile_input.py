@@ -18,7 +18,7 @@ from gatedprune import attach_gates, export, export_dir, rundir
 from gatedprune.cli import export_command
 from gatedprune.data import read_pairs_file
 from gatedprune.methods import L0
-from gatedprune.module import GatedSeq2Seq, GenerationConfig, OptimConfig
+from gatedprune.lightning_module import GatedSeq2Seq, GenerationConfig, OptimConfig
 from gatedprune.train import train
 from gatedprune.utils import check_numbers, write_json
 

@@ -11,7 +11,7 @@ import torch
 import transformers
 
 from gatedprune.data import FilesData, set_language_codes, train_unigram_tokenizer
-from gatedprune.models import start_with_target_language
+from gatedprune.model_loading import start_with_target_language
 from gatedprune.support import tiny_config
 
 CHARS = list("abcdefghijklmnopqrstuvwxyz")

@@ -14,7 +14,7 @@ import transformers
 from families import tiny_model
 from helpers import ROOT, compose_train, offline_env
 from gatedprune.methods import L0
-from gatedprune.module import GatedSeq2Seq, GenerationConfig, OptimConfig
+from gatedprune.lightning_module import GatedSeq2Seq, GenerationConfig, OptimConfig
 
 SMOKE = ["experiment=smoke", "trainer.max_steps=40", "export.enabled=false"]
 
@@ -193,7 +193,7 @@ def test_non_finite_loss_is_skipped_then_stops_the_run(tmp_path, monkeypatch):
         module.training_step(batch, 3)
     # under DDP the loss goes on to backward (a process that skipped it would hang the others); the gradient
     # check, on gradients averaged across processes, then skips the step in every process
-    monkeypatch.setattr("gatedprune.module._distributed", lambda: True)
+    monkeypatch.setattr("gatedprune.lightning_module._distributed", lambda: True)
     assert torch.isnan(module.training_step(batch, 4)) and module.skipped_steps == 3
 
 

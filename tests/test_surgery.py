@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from families import FAMILIES
 from gatedprune.adapters import ATTENTION_KINDS, attention_sites
-from gatedprune.gating import attach_gates
+from gatedprune.head_gates import attach_gates
 from gatedprune.surgery import (
     check_plan,
     count_parameters,

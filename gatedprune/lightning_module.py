@@ -16,7 +16,7 @@ import lightning as L
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from gatedprune.gating import attach_gates
+from gatedprune.head_gates import attach_gates
 from gatedprune.methods import GatedPruning
 from gatedprune.checkpoints import describe
 from gatedprune.distill import frozen_copy, kl_distillation
