@@ -97,13 +97,14 @@ def seconds(fn) -> float:
     return time.perf_counter() - start
 
 
-def alternate(job, models: list, repeats: int) -> list[float]:
+def alternate(job, models: list, repeats: int, warm_up=None) -> list[float]:
     """Median seconds of ``job(model)`` for each model, timed in turn (a, b, a, b, ...) after one warm-up each.
 
-    Alternating spreads the load of a shared machine over all models alike, so their ratio is fair.
+    Alternating spreads the load of a shared machine over all models alike, so their ratio is fair. ``warm_up``
+    (default: ``job``) is called once per model first; it may measure something else on the way (FLOPs).
     """
     for model in models:
-        job(model)
+        (warm_up or job)(model)
     times = [[] for _ in models]
     for _ in range(repeats):
         for model, t in zip(models, times):

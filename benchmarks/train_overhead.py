@@ -90,7 +90,7 @@ def measure(name: str, sentences: int, length: int, repeats: int) -> tuple:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the default model, small batches, 3 repeats")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (see speed.py)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs/benchmarks/train_overhead.md")
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
