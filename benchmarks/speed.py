@@ -11,7 +11,7 @@ each measured speed-up stands the one the FLOPs predict: the matrix-multiply and
 counted by torch.utils.flop_counter. Then, per model: sizes, KV-cache bytes and peak memory of one generate call;
 where the time of one pruned forward goes; and torch.compile and bf16 autocast on the 50% plan.
 
-    .venv/bin/python benchmarks/speed.py [--quick] [--models default transformer-base t5-base] [--threads 2]
+    .venv/bin/python benchmarks/speed.py [--quick] [--models default transformer-base t5-base] [--threads 1]
 """
 
 from __future__ import annotations
@@ -50,37 +50,42 @@ class Grid:
     fractions: tuple = (0.0, 0.25, 0.5, 0.75, 0.9)
     cells: list = field(default_factory=lambda: [(job, *s) for s in SHAPES for job in ("forward", "greedy", "beam4")])
     sweep_cells: list = field(default_factory=list)  # cells for the lambda-sweep plans (default model only)
-    repeats: int = 5
+    repeats: int = 3  # at batch 32
+    repeats_batch1: int = 9  # batch-1 calls are short and swing more with the machine's load: more repeats, cheaply
     new_tokens: int = 32
     memory_cell: tuple = ("greedy", 32, 32)  # sizes, KV cache and peak memory are given for this call
     extras_cells: list = field(default_factory=lambda: [("forward", 32, 32), ("greedy", 1, 32)])  # compile, bf16
     vocab_size: int | None = None
 
+    def repeats_for(self, batch: int) -> int:
+        return self.repeats_batch1 if batch == 1 else self.repeats
+
 
 # Budget on 2 shared cores (a full run is meant to stay near 25 minutes): the default model gets every cell but
 # beam 4 at 32 x 128; the Transformer-base drops source length 128 at batch 32 and beam 4 at batch 32; T5-base
 # (3.5x the Transformer-base's FLOPs) keeps three fractions, batch 1 and forward at 32 x 32, and no compile / bf16.
+# Batch-1 calls take milliseconds, so they get more repeats at little cost.
 FULL = {
     "default": Grid(
-        cells=[cell for cell in Grid().cells if cell != ("beam4", 32, 128)], repeats=3,
+        cells=[cell for cell in Grid().cells if cell != ("beam4", 32, 128)],
         sweep_cells=[("forward", 32, 32), ("greedy", 32, 32)], memory_cell=("greedy", 32, 128),
     ),
     "transformer-base": Grid(
         cells=[("forward", 1, 32), ("forward", 1, 128), ("forward", 32, 32), ("greedy", 1, 32), ("greedy", 1, 128),
                ("greedy", 32, 32), ("beam4", 1, 32)],
-        repeats=3, new_tokens=16,
+        new_tokens=16,
     ),
     "t5-base": Grid(
         fractions=(0.0, 0.5, 0.9),
         cells=[("forward", 1, 32), ("forward", 1, 128), ("forward", 32, 32), ("greedy", 1, 32), ("greedy", 1, 128),
                ("beam4", 1, 32)],
-        repeats=3, new_tokens=16, memory_cell=("greedy", 1, 128), extras_cells=[],
+        repeats_batch1=5, new_tokens=16, memory_cell=("greedy", 1, 128), extras_cells=[],
     ),
 }
 QUICK = {
     "default": Grid(
         fractions=(0.0, 0.5), cells=[("forward", 2, 8), ("greedy", 2, 8), ("beam4", 2, 8)],
-        sweep_cells=[("forward", 2, 8)], repeats=1, new_tokens=4, memory_cell=("greedy", 2, 8),
+        sweep_cells=[("forward", 2, 8)], repeats=1, repeats_batch1=1, new_tokens=4, memory_cell=("greedy", 2, 8),
         extras_cells=[("forward", 2, 8)], vocab_size=512,
     ),
 }
@@ -134,7 +139,8 @@ def timed_pair(job, dense, other, repeats: int, flops: bool = True) -> dict:
             counted[id(model)] = None
 
     dense_s, other_s = alternate(job, [dense, other], repeats, warm_up=warm_up)
-    return {"dense_s": dense_s, "other_s": other_s, "dense_flops": counted[id(dense)], "other_flops": counted[id(other)]}
+    return {"dense_s": dense_s, "other_s": other_s,
+            "dense_flops": counted[id(dense)], "other_flops": counted[id(other)]}
 
 
 # ---- sizes and memory ---------------------------------------------------------------------------------------
@@ -178,35 +184,43 @@ def module_groups(model) -> dict[str, list]:
 
 
 @torch.no_grad()
-def time_split(job, model, repeats: int = 3) -> dict[str, float]:
-    """Milliseconds of one call spent in each module group (median of ``repeats``), by torch.profiler ranges."""
+def time_split(job, models: list, repeats: int = 7) -> list[dict[str, float]]:
+    """Milliseconds of one call of each model spent in each module group, by torch.profiler ranges.
+
+    Median of ``repeats`` calls per model, the models profiled in turn (as ``alternate`` times them).
+    """
     from torch.profiler import ProfilerActivity, profile, record_function
 
     handles, ranges = [], {}
-    for label, modules in module_groups(model).items():
-        for module in modules:
-            def enter(m, args, label=label):
-                ranges[id(m)] = record_function(label)
-                ranges[id(m)].__enter__()
+    for model in models:
+        for label, modules in module_groups(model).items():
+            for module in modules:
+                def enter(m, args, label=label):
+                    ranges[id(m)] = record_function(label)
+                    ranges[id(m)].__enter__()
 
-            def leave(m, args, output):
-                ranges.pop(id(m)).__exit__(None, None, None)
+                def leave(m, args, output):
+                    ranges.pop(id(m)).__exit__(None, None, None)
 
-            handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
-    splits = []
+                handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+    splits = [[] for _ in models]
     try:
         for _ in range(repeats):
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
-                with record_function("total"):
-                    job(model)
-            totals = {e.key: e.cpu_time_total / 1000 for e in prof.key_averages() if e.key in (*module_groups(model),
-                                                                                               "total")}
-            totals["other"] = totals["total"] - sum(v for k, v in totals.items() if k != "total")
-            splits.append(totals)
+            for model, split in zip(models, splits):
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    with record_function("total"):
+                        job(model)
+                totals = {e.key: e.cpu_time_total / 1000 for e in prof.key_averages() if e.key in PROFILE_GROUPS}
+                totals["other"] = totals["total"] - sum(v for k, v in totals.items() if k != "total")
+                split.append(totals)
     finally:
         for handle in handles:
             handle.remove()
-    return {k: statistics.median(s[k] for s in splits) for k in splits[0]}
+    groups = (*PROFILE_GROUPS, "other")
+    return [{k: statistics.median(s.get(k, 0.0) for s in split) for k in groups} for split in splits]
+
+
+PROFILE_GROUPS = ("attention", "feed-forward", "output layer", "total")
 
 
 # ---- the grid -----------------------------------------------------------------------------------------------
@@ -254,7 +268,7 @@ def bench_model(name: str, grid: Grid, log) -> dict:
                     pruned50 = model
             for cell in cells:
                 kind, batch, length = cell
-                r = timed_pair(make_job(cell, dense, grid.new_tokens), dense, model, grid.repeats)
+                r = timed_pair(make_job(cell, dense, grid.new_tokens), dense, model, grid.repeats_for(batch))
                 measured = r["dense_s"] / r["other_s"]
                 predicted = r["dense_flops"] / r["other_flops"]
                 speed_rows.append((
@@ -273,14 +287,14 @@ def bench_model(name: str, grid: Grid, log) -> dict:
 
 
 def profile_worst(dense, pruned, speed_rows: list, grid: Grid) -> tuple:
-    """Time split of the 50% plan's forward whose measured / predicted ratio is furthest from 1."""
-    rows = [r for r in speed_rows if r[0] == "50% removed" and r[1] == "forward"]
+    """Time split of the 50% plan's call (forward or generate) whose measured / predicted ratio is furthest from 1."""
+    rows = [r for r in speed_rows if r[0] == "50% removed"]
     worst = max(rows, key=lambda r: abs(float(r[10]) - 1))
-    job = make_job(("forward", worst[2], worst[3]), dense, grid.new_tokens)
-    split_dense, split_pruned = time_split(job, dense), time_split(job, pruned)
+    job = make_job(tuple(worst[1:4]), dense, grid.new_tokens)
+    split_dense, split_pruned = time_split(job, [dense, pruned])
     table = [(k, f"{split_dense[k]:.1f}", f"{split_pruned[k]:.1f}", f"{split_dense[k] - split_pruned[k]:.1f}")
              for k in ("attention", "feed-forward", "output layer", "other", "total")]
-    return (f"forward {worst[2]} x {worst[3]} (measured / predicted {worst[10]})", table)
+    return (f"{worst[1]} {worst[2]} x {worst[3]} (measured / predicted {worst[10]})", table)
 
 
 def compile_and_bf16(dense, pruned, grid: Grid, log) -> list[tuple]:
@@ -307,7 +321,7 @@ def compile_and_bf16(dense, pruned, grid: Grid, log) -> list[tuple]:
                                            ("torch.compile", job, compiled["dense"], compiled["pruned"]),
                                            ("bf16 autocast", bf16, dense, pruned)):
             # FLOPs are counted on the eager fp32 models: a dispatch mode around compiled code would recompile it
-            r = timed_pair(variant_job, a, b, grid.repeats, flops=predicted is None)
+            r = timed_pair(variant_job, a, b, grid.repeats_for(batch), flops=predicted is None)
             predicted = predicted or r["dense_flops"] / r["other_flops"]
             out = variant_job(b)
             if kind == "forward":  # the greedy choice at every target position of the teacher-forced pass
@@ -316,7 +330,8 @@ def compile_and_bf16(dense, pruned, grid: Grid, log) -> list[tuple]:
                 same = (out.sequences == reference.sequences).float().mean().item()
             rows.append((variant, kind, batch, length, f"{1000 * r['dense_s']:.1f}", f"{1000 * r['other_s']:.1f}",
                          f"{r['dense_s'] / r['other_s']:.2f}", f"{predicted:.2f}", f"{100 * same:.1f}%"))
-            log(f"{variant} {kind} {batch}x{length}: speed-up {r['dense_s'] / r['other_s']:.2f}, same {100 * same:.1f}%")
+            log(f"{variant} {kind} {batch}x{length}: speed-up {r['dense_s'] / r['other_s']:.2f}, "
+                f"same {100 * same:.1f}%")
         rows.append(("(compile time, s)", kind, batch, length, "", f"{compile_s:.0f}", "", "", ""))
     return rows
 
@@ -341,7 +356,9 @@ def report(results: dict, command: str, started: str) -> str:
         kind, batch, length = grid["memory_cell"]
         lines += [
             f"## {name}", "",
-            f"Median of {grid['repeats']} alternating repeats after a warm-up; generate() makes exactly "
+            f"Median of {grid['repeats']} alternating repeats (batch 1: "
+            f"{grid.get('repeats_batch1', grid['repeats'])}) after a warm-up; "
+            "each pair of dense and pruned (or masked) is timed in its own loop; generate() makes exactly "
             f"{grid['new_tokens']} tokens per sentence; tok/s counts generated tokens (not beams).", "",
             markdown_table(SPEED_HEADER, r["speed"]),
             f"Sizes and memory; KV cache and peak memory of generate() {kind} at batch {batch}, {length} source "
@@ -351,7 +368,9 @@ def report(results: dict, command: str, started: str) -> str:
         ]
         if "profile" in r:
             what, table = r["profile"]
-            lines += [f"Where the time goes, 50% removed, {what}: torch.profiler, median of 3.", "",
+            lines += [f"Where the time goes, 50% removed, {what}: torch.profiler, median of 7 calls of each model, "
+                      "alternately; \"other\" is embeddings, layer norms, residual adds, and in generate() the "
+                      "decoding loop around the model (cache updates, logits processing, beam bookkeeping).", "",
                       markdown_table(PROFILE_HEADER, table)]
         if "extras" in r:
             lines += ["torch.compile (dynamic shapes) and bf16 autocast, 50% removed: speed-up over the dense model "
@@ -398,29 +417,41 @@ def write(out: Path, results: dict, command: str, started: str) -> None:
 
 
 def plot(results: dict, path: Path) -> None:
-    """Speed-up against heads removed, measured (solid) and predicted (dashed), one panel per model."""
+    """Speed-up against heads removed, measured (solid) and predicted by FLOPs (dashed), one panel per model.
+
+    Source length 32 only, so that each panel holds at most six lines: the other cells are in the tables.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    fig, axes = plt.subplots(1, len(results), figsize=(5.2 * len(results), 4.2), squeeze=False)
+    order = {"forward": 0, "greedy": 1, "beam4": 2}
+    series = sorted({(row[1], row[2]) for r in results.values() for row in r["speed"]},
+                    key=lambda s: (order[s[0]], s[1]))
+    fig, axes = plt.subplots(1, len(results), figsize=(4.6 * len(results), 4.0), squeeze=False, sharey=True)
     for ax, (name, r) in zip(axes[0], results.items()):
-        rows = [row for row in r["speed"] if row[0].endswith("% removed")]
-        series = sorted({(row[1], row[2], row[3]) for row in rows})
-        for i, (kind, batch, length) in enumerate(series):
+        shortest = min(row[3] for row in r["speed"])
+        rows = [row for row in r["speed"] if row[0].endswith("% removed") and row[3] == shortest]
+        for i, (kind, batch) in enumerate(series):
             points = [(float(row[0].split("%")[0]), float(row[8]), float(row[9])) for row in rows
-                      if (row[1], row[2], row[3]) == (kind, batch, length)]
-            x, measured, predicted = zip(*points)
-            colour = f"C{i}"
-            ax.plot(x, measured, "o-", color=colour, label=f"{kind} {batch}x{length}")
-            ax.plot(x, predicted, "--", color=colour, alpha=0.6)
-        ax.set_title(name)
+                      if (row[1], row[2]) == (kind, batch)]
+            if points:
+                x, measured, predicted = zip(*points)
+                ax.plot(x, measured, "o-", color=f"C{i}")
+                ax.plot(x, predicted, "--", color=f"C{i}", alpha=0.7)
+        length = rows[0][3] if rows else "?"
+        ax.set_title(f"{name} (source length {length})", fontsize=10)
         ax.set_xlabel("heads removed (%)")
-        ax.set_ylabel("speed-up over dense")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, title="measured (solid), FLOPs (dashed)", title_fontsize=7, loc="upper left")
-    fig.tight_layout()
+    axes[0][0].set_ylabel("speed-up over the dense model")
+    handles = [Line2D([], [], color=f"C{i}", marker="o", label=f"{kind}, batch {batch}")
+               for i, (kind, batch) in enumerate(series)]
+    handles += [Line2D([], [], color="grey", label="measured"), Line2D([], [], color="grey", ls="--", label="FLOPs")]
+    ncol = min(len(handles), 2 * len(results))
+    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.045 * (-(-len(handles) // ncol)) + 0.02, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
