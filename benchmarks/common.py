@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import transformers
@@ -97,8 +98,13 @@ def seconds(fn) -> float:
     return time.perf_counter() - start
 
 
-def alternate(job, models: list, repeats: int, warm_up=None) -> list[float]:
-    """Median seconds of ``job(model)`` for each model, timed in turn (a, b, a, b, ...) after one warm-up each.
+class Timing(NamedTuple):
+    wall: float  # seconds on the clock: what a user waits
+    cpu: float  # seconds of CPU this process used: barely moved by other processes on a shared machine (1 thread)
+
+
+def alternate(job, models: list, repeats: int, warm_up=None) -> list[Timing]:
+    """Median wall and CPU seconds of ``job(model)`` per model, timed in turn (a, b, a, b, ...) after a warm-up.
 
     Alternating spreads the load of a shared machine over all models alike, so their ratio is fair. ``warm_up``
     (default: ``job``) is called once per model first; it may measure something else on the way (FLOPs).
@@ -108,8 +114,10 @@ def alternate(job, models: list, repeats: int, warm_up=None) -> list[float]:
     times = [[] for _ in models]
     for _ in range(repeats):
         for model, t in zip(models, times):
-            t.append(seconds(lambda: job(model)))
-    return [statistics.median(t) for t in times]
+            wall, cpu = time.perf_counter(), time.process_time()
+            job(model)
+            t.append(Timing(time.perf_counter() - wall, time.process_time() - cpu))
+    return [Timing(statistics.median(x.wall for x in t), statistics.median(x.cpu for x in t)) for t in times]
 
 
 def machine() -> str:

@@ -85,10 +85,11 @@ def measure(name: str, sentences: int, length: int, repeats: int, gated: bool = 
         trainer.step(data[rounds[trainer] % len(data)])
         rounds[trainer] += 1
 
-    plain_s, other_s = alternate(job, [plain, other], repeats)
+    plain_t, other_t = alternate(job, [plain, other], repeats)
     params = sum(p.numel() for p in model.parameters())
     return (name, f"{params:,}", f"{sentences} x {length}", "gated" if gated else "plain (noise)", repeats,
-            f"{1000 * plain_s:.1f}", f"{1000 * other_s:.1f}", f"{other_s / plain_s:.3f}")
+            f"{1000 * plain_t.wall:.1f}", f"{1000 * other_t.wall:.1f}", f"{other_t.wall / plain_t.wall:.3f}",
+            f"{1000 * plain_t.cpu:.1f}", f"{1000 * other_t.cpu:.1f}", f"{other_t.cpu / plain_t.cpu:.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     header = ["model", "params", "batch (sentences x tokens)", "against plain", "repeats", "plain ms", "other ms",
-              "other / plain"]
+              "other / plain", "plain CPU ms", "other CPU ms", "other / plain (CPU)"]
     rows = []
     for config in QUICK if args.quick else FULL:
         rows.append(measure(*config))
@@ -113,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; {machine()}; {versions()}.", "",
         "Median wall time of one training step (forward, backward, AdamW) of the plain model and of the same model "
         "with gates attached (gate noise drawn, L0 penalty, gate clamp), same batches, timed alternately. The row "
-        "\"plain (noise)\" times the plain model against a copy of itself.", "",
+        "\"plain (noise)\" times the plain model against a copy of itself. CPU ms is the CPU time the process used "
+        "(one torch thread), which other processes on the machine move much less than the wall time.", "",
         markdown_table(header, rows),
     ])
     atomic_write_text(args.out, text)
