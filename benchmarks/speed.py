@@ -418,7 +418,7 @@ def write(out: Path, results: dict, command: str, started: str) -> None:
 
 
 def plot(results: dict, path: Path) -> None:
-    """Speed-up against heads removed, measured (solid) and predicted by FLOPs (dashed), one panel per model.
+    """Speed-up against heads removed, measured by CPU time (solid) and predicted by FLOPs (dashed), per model.
 
     Source length 32 only, so that each panel holds at most six lines: the other cells are in the tables.
     """
@@ -436,7 +436,8 @@ def plot(results: dict, path: Path) -> None:
         shortest = min(row[3] for row in r["speed"])
         rows = [row for row in r["speed"] if row[0].endswith("% removed") and row[3] == shortest]
         for i, (kind, batch) in enumerate(series):
-            points = [(float(row[0].split("%")[0]), float(row[8]), float(row[9])) for row in rows
+            # measured by CPU time: on a shared machine the wall-clock ratios carry the other processes' noise
+            points = [(float(row[0].split("%")[0]), float(row[11]), float(row[9])) for row in rows
                       if (row[1], row[2]) == (kind, batch)]
             if points:
                 x, measured, predicted = zip(*points)
@@ -449,7 +450,8 @@ def plot(results: dict, path: Path) -> None:
     axes[0][0].set_ylabel("speed-up over the dense model")
     handles = [Line2D([], [], color=f"C{i}", marker="o", label=f"{kind}, batch {batch}")
                for i, (kind, batch) in enumerate(series)]
-    handles += [Line2D([], [], color="grey", label="measured"), Line2D([], [], color="grey", ls="--", label="FLOPs")]
+    handles += [Line2D([], [], color="grey", label="measured (CPU time)"),
+                Line2D([], [], color="grey", ls="--", label="predicted (FLOPs)")]
     ncol = min(len(handles), 2 * len(results))
     fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.045 * (-(-len(handles) // ncol)) + 0.02, 1, 1))
