@@ -345,11 +345,11 @@ EXTRAS_HEADER = ["variant", "call", "batch", "src len", "dense ms", "pruned ms",
                  "greedy choices equal to eager fp32 pruned"]
 
 
-def report(results: dict, command: str, started: str) -> str:
+def report(results: dict, command: str, setup: str) -> str:
     lines = [
         "# Inference speed of pruned models", "",
         f"`{command}`", "",
-        f"Run {started}; {machine()}; {versions()}. No GPU numbers: this task had no GPU lent.", "",
+        f"Run {setup}. No GPU numbers: this task had no GPU lent.", "",
     ]
     for name, r in results.items():
         grid = r["grid"]
@@ -390,30 +390,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--render", action="store_true", help="rewrite the page and plot from the run's .json")
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
+    torch.set_num_threads(args.threads)
     if args.render:
         saved = json.loads(args.out.with_suffix(".json").read_text())
-        write(args.out, saved["results"], saved["command"], saved["started"])
+        # runs saved before "setup" was kept: their date, and this machine as --threads describes it
+        setup = saved.get("setup") or f"{saved['started']}; {machine()}; {versions()}"
+        write(args.out, saved["results"], saved["command"], setup)
         return 0
-    torch.set_num_threads(args.threads)
     grids = QUICK if args.quick else {k: v for k, v in FULL.items() if not args.models or k in args.models}
-    started = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}"
+    setup = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; {machine()}; {versions()}"
     results = {}
     for name, grid in grids.items():
         results[name] = bench_model(name, grid, log=lambda msg: print(msg, file=sys.stderr, flush=True))
         print(f"\n{name}\n{format_table(SPEED_HEADER, results[name]['speed'])}\n")
         print(format_table(SIZE_HEADER, results[name]["sizes"]))
         # rewritten after every model, so a run cut short still leaves what it measured
-        write(args.out, results, command_line("speed.py", argv), started)
+        write(args.out, results, command_line("speed.py", argv), setup)
     print(f"wrote {args.out}")
     return 0
 
 
-def write(out: Path, results: dict, command: str, started: str) -> None:
+def write(out: Path, results: dict, command: str, setup: str) -> None:
     """The page, its plot, and the numbers as JSON (so the page can be rendered again without a rerun)."""
     results = json.loads(json.dumps(results, default=asdict))  # tuples become lists, grids dicts: as when read back
     atomic_write_text(out.with_suffix(".json"), json.dumps(
-        {"command": command, "started": started, "results": results}, indent=1))
-    atomic_write_text(out, report(results, command, started))
+        {"command": command, "setup": setup, "results": results}, indent=1))
+    atomic_write_text(out, report(results, command, setup))
     plot(results, out.with_suffix(".png"))
 
 
