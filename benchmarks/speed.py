@@ -393,9 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     if args.render:
         saved = json.loads(args.out.with_suffix(".json").read_text())
-        # runs saved before "setup" was kept: their date, and this machine as --threads describes it
-        setup = saved.get("setup") or f"{saved['started']}; {machine()}; {versions()}"
-        write(args.out, saved["results"], saved["command"], setup)
+        write(args.out, saved["results"], saved["command"], saved["setup"])
         return 0
     grids = QUICK if args.quick else {k: v for k, v in FULL.items() if not args.models or k in args.models}
     setup = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; {machine()}; {versions()}"
