@@ -1,0 +1,143 @@
+"""What the benchmark scripts share: the models they time, how they time, and how they describe the machine.
+
+Models are randomly initialised: speed depends on shapes, not on weights.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import re
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+import transformers
+from omegaconf import OmegaConf
+
+from gatedprune.adapters import ATTENTION_KINDS, attention_sites
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def default_model(vocab_size: int = 8000) -> transformers.PreTrainedModel:
+    """The model of conf/model/scratch_mbart.yaml (d 256, 3+3 layers, 8 heads, FFN 1024), 8k vocabulary."""
+    fields = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/model/scratch_mbart.yaml").from_scratch)
+    config = transformers.AutoConfig.for_model(
+        fields.pop("model_type"), vocab_size=vocab_size, decoder_start_token_id=2, forced_eos_token_id=None, **fields
+    )
+    return transformers.AutoModelForSeq2SeqLM.from_config(config, attn_implementation="sdpa").eval()
+
+
+def marian_base(vocab_size: int = 32000) -> transformers.PreTrainedModel:
+    """Transformer-base (Vaswani et al. 2017) as a Marian model: d 512, 6+6 layers, 8 heads, FFN 2048."""
+    config = transformers.MarianConfig(
+        vocab_size=vocab_size, d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
+        decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, max_position_embeddings=512,
+        pad_token_id=vocab_size - 1, decoder_start_token_id=vocab_size - 1, eos_token_id=0, forced_eos_token_id=None,
+    )
+    return transformers.AutoModelForSeq2SeqLM.from_config(config, attn_implementation="sdpa").eval()
+
+
+def t5_base(vocab_size: int = 32128) -> transformers.PreTrainedModel:
+    """T5-base's shapes: d 768, 12+12 layers, 12 heads of 64, FFN 3072."""
+    config = transformers.T5Config(
+        vocab_size=vocab_size, d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_decoder_layers=12, num_heads=12,
+        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+    )
+    return transformers.AutoModelForSeq2SeqLM.from_config(config, attn_implementation="sdpa").eval()
+
+
+MODELS = {"default": default_model, "transformer-base": marian_base, "t5-base": t5_base}
+
+
+def random_plan(model: torch.nn.Module, fraction: float, kinds=ATTENTION_KINDS, seed: int = 0) -> dict[str, list[int]]:
+    """Remove ``fraction`` of the heads of ``kinds`` (rounded), drawn at random but spread over the kinds.
+
+    Each kind loses its share of the removed heads (largest remainders first), then the heads of each kind are
+    drawn uniformly from all its layers, so layers lose different numbers of heads, as gates leave them.
+    """
+    rng = random.Random(seed)
+    sites = [s for s in attention_sites(model) if s.kind in kinds]
+    per_kind = {k: [(s.path, h) for s in sites if s.kind == k for h in range(s.num_heads)] for k in kinds}
+    total = round(fraction * sum(len(heads) for heads in per_kind.values()))
+    share = {k: total * len(heads) / sum(map(len, per_kind.values())) for k, heads in per_kind.items()}
+    removed = {k: int(share[k]) for k in kinds}
+    for k in sorted(kinds, key=lambda k: share[k] - removed[k], reverse=True)[: total - sum(removed.values())]:
+        removed[k] += 1
+    gone = {pair for k, heads in per_kind.items() for pair in rng.sample(heads, removed[k])}
+    return {s.path: [h for h in range(s.num_heads) if (s.path, h) not in gone] for s in sites}
+
+
+def even_plan(model: torch.nn.Module, kept_per_kind: dict[str, int]) -> dict[str, list[int]]:
+    """Keep ``kept_per_kind[kind]`` heads of each kind, spread over its layers as evenly as possible."""
+    plan = {}
+    for kind in ATTENTION_KINDS:
+        sites = [s for s in attention_sites(model) if s.kind == kind]
+        total = kept_per_kind[kind]
+        for layer, site in enumerate(sites):
+            plan[site.path] = list(range(total // len(sites) + (layer < total % len(sites))))
+    return plan
+
+
+def heads_kept(plan: dict[str, list[int]], model: torch.nn.Module) -> dict[str, int]:
+    """Heads kept per kind (and "total") when ``plan`` is applied to ``model``."""
+    kept = {kind: 0 for kind in ATTENTION_KINDS}
+    for site in attention_sites(model):
+        kept[site.kind] += len(plan.get(site.path, range(site.num_heads)))
+    return {**kept, "total": sum(kept.values())}
+
+
+def seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+class Timing(NamedTuple):
+    wall: float  # seconds on the clock: what a user waits
+    cpu: float  # seconds of CPU this process used: barely moved by other processes on a shared machine (1 thread)
+
+
+def alternate(job, models: list, repeats: int, warm_up=None) -> list[Timing]:
+    """Median wall and CPU seconds of ``job(model)`` per model, timed in turn (a, b, a, b, ...) after a warm-up.
+
+    Alternating spreads the load of a shared machine over all models alike, so their ratio is fair. ``warm_up``
+    (default: ``job``) is called once per model first; it may measure something else on the way (FLOPs).
+    """
+    for model in models:
+        (warm_up or job)(model)
+    times = [[] for _ in models]
+    for _ in range(repeats):
+        for model, t in zip(models, times):
+            wall, cpu = time.perf_counter(), time.process_time()
+            job(model)
+            t.append(Timing(time.perf_counter() - wall, time.process_time() - cpu))
+    return [Timing(statistics.median(x.wall for x in t), statistics.median(x.cpu for x in t)) for t in times]
+
+
+def machine() -> str:
+    """CPU model, cores and the threads torch uses, e.g. "AMD EPYC, 2 cores, torch threads 2"."""
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        cpu = re.search(r"Model name:\s*(.+)", lscpu).group(1).strip()
+    except (OSError, subprocess.CalledProcessError, AttributeError):
+        cpu = platform.processor() or platform.machine()
+    return f"{cpu}, {os.cpu_count()} logical CPUs, torch threads {torch.get_num_threads()}"
+
+
+def versions() -> str:
+    import lightning
+
+    return (
+        f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"lightning {lightning.__version__}"
+    )
+
+
+def command_line(script: str, argv: list[str]) -> str:
+    return " ".join([".venv/bin/python", f"benchmarks/{script}", *argv])
