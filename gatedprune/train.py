@@ -21,12 +21,11 @@ from gatedprune import rundir
 from gatedprune import checkpoints
 from gatedprune.checkpoints import check_resumable, load_checkpoint_file
 from gatedprune.cli import BAD_INPUT, one_line
-from gatedprune.export import check_out_dir, export_gated, save_pruned
-from gatedprune.finetune import FineTuneConfig, finetune
-from gatedprune.evaluate import score
+from gatedprune.export import check_out_dir
+from gatedprune.finalise import finalise
+from gatedprune.finetune import FineTuneConfig
 from gatedprune.lightning_module import GatedSeq2Seq
 from gatedprune.report import final_table, run_metrics
-from gatedprune.surgery import load_pruned
 from gatedprune.utils import atomic_write_text, write_json
 
 
@@ -165,57 +164,11 @@ def _fit_and_report(
     )
     report = dict(seed=cfg.seed, checkpoint=str(run_dir / "checkpoints" / "last.ckpt"), head_budget=cfg.get("head_budget"))
     write_json(run_dir / "metrics.json", run_metrics(module, trainer, final, **report))  # in case export fails
-    test = {"dense": module.dense_test} if module.dense_test is not None else {}
-    if not module.gates_trained:  # a dense baseline: its final model is the dense model
-        test = {"dense": module.score_test("the end of the run")}
-    export = exported = finetuned = None
-    if cfg.export.enabled:
-        rule, top_k = module.pruning.export_rule(module.budget)  # a head budget is met exactly: top-k per group
-        if rule == "binary" and cfg.export.rule != "binary":  # export.rule=top-k export.top_k=N overrides the gates' own
-            rule, top_k = cfg.export.rule, cfg.export.top_k
-        export = export_gated(module.model, module.gates, cfg.export.out_dir, module.tokenizer, rule=rule,
-                              top_k=top_k, sample_inputs=val_pairs)
-        export["dir"] = str(cfg.export.out_dir)
-        # the numbers users will see for the model they ship: reloaded from its directory, as they will load it
-        pruned = load_pruned(cfg.export.out_dir).to(module.device)
-        exported = score(pruned, module.tokenizer, datamodule.loader("validation", shard=False), module.generation)
-        if module.gates_trained and "test" in datamodule.datasets:
-            test["pruned"] = score(pruned, module.tokenizer, datamodule.loader("test", module.test_generation.batch_size,
-                                                                               shard=False), module.test_generation)
-        if tuning.steps:
-            finetuned = _finetune(cfg, module, datamodule, pruned, tuning, before=exported)
-            exported = finetuned.pop("validation")
-            if "test" in finetuned:
-                test["pruned_before_finetune"], test["pruned"] = test.get("pruned"), finetuned.pop("test")
-    elif module.gates_trained and "test" in datamodule.datasets:
-        module.gates.set_mode(module._eval_gate_mode())
-        test["gated"] = score(module.model, module.tokenizer, datamodule.loader(
-            "test", module.test_generation.batch_size, shard=False), module.test_generation)
-    test = {k: v for k, v in test.items() if v is not None}
-    metrics = run_metrics(module, trainer, final, **report, export=export, exported=exported, test=test or None,
-                          finetuned=finetuned)
+    shipped = finalise(cfg, module, datamodule, tuning, val_pairs)
+    metrics = run_metrics(module, trainer, final, **report, **shipped)
     write_json(run_dir / "metrics.json", metrics)
     print(final_table(metrics))
     return metrics
-
-
-
-def _finetune(cfg: DictConfig, module: GatedSeq2Seq, datamodule, pruned, tuning: FineTuneConfig, before: dict) -> dict:
-    """Fine-tune the exported model (one device, no gates), write it to ``finetune.out_dir``, reload and score it."""
-    trainer = instantiate(cfg.trainer, max_steps=tuning.steps, devices=1, strategy="auto", num_nodes=1, logger=False,
-                          callbacks=[], enable_checkpointing=False, limit_val_batches=0, num_sanity_val_steps=0)
-    teacher = module.teacher if tuning.distill else None
-    tuned = finetune(pruned, datamodule, tuning, trainer, module.optim.label_smoothing, teacher, module.pruning.distill)
-    save_pruned(tuned, tuning.out_dir, module.tokenizer)
-    reloaded = load_pruned(tuning.out_dir).to(module.device)
-    result = {"dir": str(tuning.out_dir), "steps": tuning.steps, "lr": tuning.lr, "distill": tuning.distill,
-              "validation_before": {k: before[k] for k in ("bleu", "chrf", "loss")},
-              "validation": score(reloaded, module.tokenizer, datamodule.loader("validation", shard=False),
-                                  module.generation)}
-    if module.gates_trained and "test" in datamodule.datasets:
-        result["test"] = score(reloaded, module.tokenizer, datamodule.loader(
-            "test", module.test_generation.batch_size, shard=False), module.test_generation)
-    return result
 
 
 if __name__ == "__main__":  # python -m gatedprune.train [overrides]

@@ -26,6 +26,7 @@ FAMILY_CONFIGS = {
     ),
     # the variants: a position bias owned by every layer, and grouped key/value heads (4 query heads, 2 k/v heads);
     # their tiny configs come from the generic shrinking rule of the support table
+    "mt5": lambda: tiny_config(transformers.MT5Config()),
     "umt5": lambda: tiny_config(transformers.UMT5Config()),
     "t5gemma": lambda: tiny_config(transformers.T5GemmaConfig()),
 }
