@@ -1,9 +1,14 @@
 """``python -m gatedprune <command> [arguments]``: train, export, sweep or evaluate (the gatedprune-* commands)."""
 
+import os
 import sys
 
 from gatedprune.cli import COMMANDS
 
+if os.environ.get("LOCAL_RANK") and (len(sys.argv) < 2 or sys.argv[1] not in COMMANDS):
+    # a DDP process that Lightning started by running `python -m gatedprune.__main__ <arguments>` again: the
+    # arguments it passes on are train's, without the command word
+    sys.argv.insert(1, "train")
 if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
     print(f"usage: python -m gatedprune {{{','.join(COMMANDS)}}} [arguments]; e.g. python -m gatedprune export --help",
           file=sys.stderr)

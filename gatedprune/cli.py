@@ -40,7 +40,9 @@ def exit_code(err: BaseException) -> int | None:
     """2 for bad input, 1 for a failed run, None for anything else (a bug: its traceback should show)."""
     if os.environ.get("GATEDPRUNE_DEBUG"):
         return None
-    if isinstance(err, BAD_INPUT):
+    from omegaconf.errors import OmegaConfBaseException
+
+    if isinstance(err, (*BAD_INPUT, OmegaConfBaseException)):  # OmegaConf: a mandatory value left unset, say
         return 2
     if isinstance(err, RUN_FAILURES):
         return 1
@@ -217,7 +219,9 @@ def evaluate_command(argv: Sequence[str] | None = None) -> int:
 
     def run() -> None:
         result = evaluate_dir(args.model_dir, args.split, args.overrides, args.num_beams, args.batch_size)
-        out = Path(args.out) if args.out else Path(args.model_dir) / "eval.json"
+        local = Path(args.model_dir).is_dir()  # a hub id gets a file here, not a folder named like it
+        out = Path(args.out) if args.out else (Path(args.model_dir) / "eval.json" if local else
+                                               Path(f"eval-{args.model_dir.replace('/', '--')}.json"))
         write_json(out, result)
         print(score_table({f"{args.split} ({result['sentences']} sentences)": result}))
         print(f"sacreBLEU: {result['sacrebleu_signature']['bleu']}\nwrote {out}")

@@ -175,10 +175,22 @@ def evaluate_dir(model_dir: str | Path, split: str = "test", overrides: Sequence
     (``test_generation``), with ``num_beams`` and ``batch_size`` if given.
     """
     from hydra import compose, initialize_config_module
+    from hydra.errors import HydraException
     from hydra.utils import instantiate
+    from omegaconf import OmegaConf
 
-    with initialize_config_module("gatedprune.conf", version_base="1.3"):
-        cfg = compose("train", overrides=[*overrides, "paths.output_dir=."])
+    from gatedprune.cli import one_line
+
+    try:
+        with initialize_config_module("gatedprune.conf", version_base="1.3"):
+            cfg = compose("train", overrides=[*overrides, "paths.output_dir=."])
+    except HydraException as err:  # a mistyped override: the trainer's one-line wording
+        cause = f": {one_line(str(err.__cause__))}" if err.__cause__ is not None else ""
+        raise ValueError(one_line(str(err)) + cause) from None
+    files = cfg.data.get("files")
+    for name in list(files or {}):  # data=files: the splits not given are not needed here
+        if OmegaConf.is_missing(files, name):
+            files[name] = None
     gen = instantiate(cfg.test_generation, _convert_="all")
     if num_beams is not None or batch_size is not None:
         gen = GenerationConfig(**{**asdict(gen), **({"num_beams": num_beams} if num_beams else {}),

@@ -6,6 +6,9 @@ Returns what ``report.run_metrics`` reports; nothing here decides what goes (the
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
@@ -27,8 +30,13 @@ def scorer(module: GatedSeq2Seq, datamodule):
     return score_on
 
 
-def finalise(cfg: DictConfig, module: GatedSeq2Seq, datamodule, tuning: FineTuneConfig, val_pairs) -> dict:
-    """``{"export", "exported", "test", "finetuned"}`` for ``run_metrics``; ``cfg`` gives ``export`` and ``trainer``."""
+def finalise(cfg: DictConfig, module: GatedSeq2Seq, datamodule, tuning: FineTuneConfig, val_pairs, run_dir: Path,
+             device: torch.device) -> dict:
+    """``{"export", "exported", "test", "finetuned"}`` for ``run_metrics``; ``cfg`` gives ``export`` and ``trainer``.
+
+    ``device``: where training ran (Lightning moves the module to the CPU when it tears down); the shipped model is
+    scored there. Outputs inside ``run_dir`` are this run's own: a relaunched run replaces them.
+    """
     score_on = scorer(module, datamodule)
     has_test = "test" in datamodule.datasets
     test = {"dense": module.dense_test} if module.dense_test is not None else {}
@@ -40,15 +48,15 @@ def finalise(cfg: DictConfig, module: GatedSeq2Seq, datamodule, tuning: FineTune
         if rule == "binary" and cfg.export.rule != "binary":  # export.rule=top-k export.top_k=N overrides the gates'
             rule, top_k = cfg.export.rule, cfg.export.top_k
         export = export_gated(module.model, module.gates, cfg.export.out_dir, module.tokenizer, rule=rule,
-                              top_k=top_k, sample_inputs=val_pairs)
+                              top_k=top_k, sample_inputs=val_pairs, overwrite=_inside(cfg.export.out_dir, run_dir))
         export["dir"] = str(cfg.export.out_dir)
         # the numbers users will see for the model they ship: reloaded from its directory, as they will load it
-        pruned = load_pruned(cfg.export.out_dir).to(module.device)
+        pruned = load_pruned(cfg.export.out_dir).to(device)
         exported = score_on(pruned, "validation")
         if module.gates_trained and has_test:
             test["pruned"] = score_on(pruned, "test")
         if tuning.steps:
-            finetuned = _finetune(cfg, module, datamodule, pruned, tuning, score_on)
+            finetuned = _finetune(cfg, module, datamodule, pruned, tuning, score_on, run_dir, device)
             finetuned["validation_before"] = {k: exported[k] for k in ("bleu", "chrf", "loss")}
             exported = finetuned.pop("validation")
             if "test" in finetuned:
@@ -60,14 +68,19 @@ def finalise(cfg: DictConfig, module: GatedSeq2Seq, datamodule, tuning: FineTune
     return {"export": export, "exported": exported, "test": test or None, "finetuned": finetuned}
 
 
-def _finetune(cfg: DictConfig, module: GatedSeq2Seq, datamodule, pruned, tuning: FineTuneConfig, score_on) -> dict:
+def _inside(path, run_dir: Path) -> bool:
+    return Path(path).resolve().is_relative_to(Path(run_dir).resolve())
+
+
+def _finetune(cfg: DictConfig, module: GatedSeq2Seq, datamodule, pruned, tuning: FineTuneConfig, score_on,
+              run_dir: Path, device: torch.device) -> dict:
     """Fine-tune the exported model (one device, no gates), write it to ``finetune.out_dir``, reload and score it."""
     trainer = instantiate(cfg.trainer, max_steps=tuning.steps, devices=1, strategy="auto", num_nodes=1, logger=False,
                           callbacks=[], enable_checkpointing=False, limit_val_batches=0, num_sanity_val_steps=0)
     teacher = module.teacher if tuning.distill else None
     tuned = finetune(pruned, datamodule, tuning, trainer, module.optim.label_smoothing, teacher, module.pruning.distill)
-    save_pruned(tuned, tuning.out_dir, module.tokenizer)
-    reloaded = load_pruned(tuning.out_dir).to(module.device)
+    save_pruned(tuned, tuning.out_dir, module.tokenizer, overwrite=_inside(tuning.out_dir, run_dir))
+    reloaded = load_pruned(tuning.out_dir).to(device)
     result = {"dir": str(tuning.out_dir), "steps": tuning.steps, "lr": tuning.lr, "distill": tuning.distill,
               "validation": score_on(reloaded, "validation")}
     if module.gates_trained and "test" in datamodule.datasets:

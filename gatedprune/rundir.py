@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -47,6 +48,31 @@ def lock(run_dir: Path) -> int:
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     os.set_inheritable(fd, False)  # DDP processes that rank 0 starts must not hold it after rank 0 exits
     return fd
+
+
+HYDRA_MADE = {"train.log", LOCK_FILE, ".hydra"}  # what Hydra and the lock put into a directory before a run starts
+RUN_MADE = ("status.json", "tokenizer", "csv", "checkpoints", "gates", *HYDRA_MADE)  # what set-up may have written
+
+
+def is_fresh(run_dir: Path) -> bool:
+    """True when ``run_dir`` holds nothing but what Hydra made for this run: bad input may then remove it."""
+    return not run_dir.is_dir() or all(entry.name in HYDRA_MADE for entry in run_dir.iterdir())
+
+
+def remove_fresh(run_dir: Path) -> None:
+    """Undo a refused run in a directory it found fresh: remove what it wrote, then the directory if it is empty
+    (a directory that held anything else, or was the working directory, keeps it)."""
+    for name in RUN_MADE:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    try:
+        if run_dir.resolve() != Path.cwd().resolve():
+            run_dir.rmdir()
+    except OSError:  # not empty: something else lives there
+        pass
 
 
 def unlock(fd: int) -> None:

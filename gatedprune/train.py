@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
 from gatedprune import rundir
 from gatedprune import checkpoints
@@ -23,6 +23,7 @@ from gatedprune.checkpoints import check_resumable, load_checkpoint_file
 from gatedprune.cli import BAD_INPUT, one_line
 from gatedprune.export import check_out_dir
 from gatedprune.finalise import finalise
+from gatedprune.head_gates import RULES
 from gatedprune.finetune import FineTuneConfig
 from gatedprune.lightning_module import GatedSeq2Seq
 from gatedprune.report import final_table, run_metrics
@@ -53,23 +54,24 @@ def train(cfg: DictConfig) -> dict:
     run_dir = Path(cfg.paths.output_dir)
     if rank_zero_only.rank > 0:  # a DDP process started by rank 0's trainer.fit: it trains, rank 0 reports
         return _fit_and_report(cfg, run_dir, *_setup(cfg, run_dir))
-    fresh = not (run_dir / "status.json").exists()
+    fresh = rundir.is_fresh(run_dir)  # a directory that held anything of its own is never removed
     held = rundir.lock(run_dir)  # before anything is written: another process may own this directory
     try:
         rundir.write_hydra_record(run_dir, cfg)
         rundir.write_status(run_dir, status="running")
         try:
             run = _setup(cfg, run_dir)
-        except BAD_INPUT:
+        except (*BAD_INPUT, OmegaConfBaseException):
             if fresh:
-                shutil.rmtree(run_dir, ignore_errors=True)
+                rundir.remove_fresh(run_dir)
+                fresh = "removed"
             raise
         metrics = _fit_and_report(cfg, run_dir, *run)
     except SIGTERMException:
         rundir.write_status(run_dir, status="interrupted", error="SIGTERM; the last checkpoint was saved")
         raise SystemExit(128 + signal.SIGTERM) from None
     except BaseException as err:
-        if run_dir.exists():
+        if run_dir.exists() and fresh != "removed":
             rundir.write_status(run_dir, status="failed", error=one_line(f"{type(err).__name__}: {err}"))
         raise
     finally:
@@ -102,6 +104,13 @@ def _check_ddp_launch(cfg: DictConfig) -> None:
         )
 
 
+def _check_export_rule(rule: str, top_k) -> None:
+    if rule not in RULES:
+        raise ValueError(f"export.rule={rule!r}; allowed: {', '.join(RULES)}")
+    if (rule == "top-k") != (top_k is not None):
+        raise ValueError(f"export.rule={rule} with export.top_k={top_k}; allowed: top_k (a head count) with rule top-k only")
+
+
 def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
     # validate the cheap parts first, so bad input fails before anything heavy runs
     _check_ddp_launch(cfg)
@@ -116,6 +125,7 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
     if tuning.steps and not cfg.export.enabled:
         raise ValueError(f"finetune.steps={tuning.steps} fine-tunes the exported model; allowed with export.enabled=true")
     if cfg.export.enabled:
+        _check_export_rule(cfg.export.rule, cfg.export.top_k)
         check_out_dir(Path(cfg.export.out_dir), protected=[run_dir])
         if tuning.steps:
             check_out_dir(Path(tuning.out_dir), protected=[run_dir, Path(cfg.export.out_dir)])
@@ -164,7 +174,7 @@ def _fit_and_report(
     )
     report = dict(seed=cfg.seed, checkpoint=str(run_dir / "checkpoints" / "last.ckpt"), head_budget=cfg.get("head_budget"))
     write_json(run_dir / "metrics.json", run_metrics(module, trainer, final, **report))  # in case export fails
-    shipped = finalise(cfg, module, datamodule, tuning, val_pairs)
+    shipped = finalise(cfg, module, datamodule, tuning, val_pairs, run_dir, trainer.strategy.root_device)
     metrics = run_metrics(module, trainer, final, **report, **shipped)
     write_json(run_dir / "metrics.json", metrics)
     print(final_table(metrics))

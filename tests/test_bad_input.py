@@ -62,6 +62,9 @@ def test_missing_language_columns_are_named(tmp_path):
         ("pruning.l0_lamda=0.1", ["Could not override 'pruning.l0_lamda': Key 'l0_lamda' is not in struct",
                                   "+pruning.l0_lamda=0.1"]),
         ("pruning=l1", ["Could not find 'pruning/l1'", "Available options in 'pruning': l0"]),
+        ("model=pretrained", ["Missing mandatory value: data.tokenizer_path"]),
+        ("export.rule=topk", ["export.rule='topk'; allowed: binary, top-k"]),
+        ("export.top_k=5", ["export.rule=binary with export.top_k=5; allowed: top_k (a head count) with rule top-k only"]),
     ],
 )
 def test_bad_config_values(tmp_path, override, fragments):

@@ -332,3 +332,22 @@ def test_nested_gate_options_refuse_nan_and_inf_by_their_full_name():
     for field, value in (("temperature", float("inf")), ("init_log_alpha", float("nan")), ("stretch", [-0.1, float("inf")])):
         with pytest.raises(ValueError, match=rf"^pruning\.gates\.{field}=.* is not a finite number"):
             L0Budget(gates={field: value})
+
+
+def test_bad_input_in_a_directory_that_held_something_keeps_it(tmp_path):
+    run_dir = tmp_path / "mine"
+    run_dir.mkdir()
+    (run_dir / "notes.txt").write_text("mine")
+    proc = run_train(run_dir, "pruning.l0_lambda=-1")
+    assert proc.returncode == 2 and "is negative" in error_line(proc)
+    assert (run_dir / "notes.txt").read_text() == "mine"
+
+
+def test_a_finished_run_relaunched_in_its_directory_finishes_again(tmp_path):
+    # resume=auto continues from its own last.ckpt (already at max_steps); the export replaces its own pruned/
+    overrides = ("experiment=smoke", "trainer.max_steps=12")
+    first = train(compose_train(tmp_path / "run", *overrides))
+    again = train(compose_train(tmp_path / "run", *overrides))
+    assert again["steps"] == first["steps"] == 12 and again["plan"] == first["plan"]
+    assert _strict_json(tmp_path / "run" / "status.json")["status"] == "done"
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.name.startswith(".pruned")) == []
