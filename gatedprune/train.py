@@ -146,8 +146,8 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
         for field in check_resumable(checkpoint, saved, model, pruning.kinds):
             print(f"warning: resuming with a model config field changed: {field}")
         del saved
-    module = GatedSeq2Seq(model, tokenizer, pruning, optim, generation, output_dir=run_dir, seed=cfg.seed,
-                          test_generation=test_generation)
+    module = _instantiate(cfg.module)(model=model, tokenizer=tokenizer, pruning=pruning, optim=optim,
+                                      generation=generation, test_generation=test_generation)
     datamodule.setup("fit")  # tokenises, and refuses a training set that length filtering emptied
 
     loggers = [instantiate(c) for c in cfg.logger.values()]
