@@ -12,22 +12,11 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from gatedprune.evaluate import score
 from gatedprune.export import export_gated
 from gatedprune.export_dir import save_pruned
 from gatedprune.finetune import FineTuneConfig, finetune
 from gatedprune.lightning_module import GatedSeq2Seq
 from gatedprune.surgery import load_pruned
-
-
-def scorer(module: GatedSeq2Seq, datamodule):
-    """``score_on(model, split)``: validation decoded as validation is, the test split with ``test_generation``."""
-
-    def score_on(model, split: str) -> dict:
-        gen = module.generation if split == "validation" else module.test_generation
-        return score(model, module.tokenizer, datamodule.loader(split, gen.batch_size, shard=False), gen)
-
-    return score_on
 
 
 def finalise(cfg: DictConfig, module: GatedSeq2Seq, datamodule, tuning: FineTuneConfig, val_pairs, run_dir: Path,
@@ -37,7 +26,9 @@ def finalise(cfg: DictConfig, module: GatedSeq2Seq, datamodule, tuning: FineTune
     ``device``: where training ran (Lightning moves the module to the CPU when it tears down); the shipped model is
     scored there. Outputs inside ``run_dir`` are this run's own: a relaunched run replaces them.
     """
-    score_on = scorer(module, datamodule)
+    def score_on(model, split: str) -> dict:
+        return module.score_split(model, split, datamodule)
+
     has_test = "test" in datamodule.datasets
     test = {"dense": module.dense_test} if module.dense_test is not None else {}
     if not module.gates_trained:  # a dense baseline: its final model is the dense model

@@ -287,12 +287,16 @@ class GatedSeq2Seq(L.LightningModule):
             return None
         mode, training = self.gates.mode, self.model.training
         self.gates.set_mode("open")
-        result = score(self.model, self.tokenizer, datamodule.loader("test", self.test_generation.batch_size, shard=False),
-                       self.test_generation)
+        result = self.score_split(self.model, "test", datamodule)
         self.gates.set_mode(mode)
         self.model.train(training)
         print(f"test split, {what} (step {self.global_step}): BLEU {result['bleu']:.2f}, chrF {result['chrf']:.2f}")
         return {"step": self.global_step, **result}
+
+    def score_split(self, model, split: str, datamodule) -> dict:
+        """``model`` on a whole split: validation decoded as validation is, the test split with ``test_generation``."""
+        gen = self.generation if split == "validation" else self.test_generation
+        return score(model, self.tokenizer, datamodule.loader(split, gen.batch_size, shard=False), gen)
 
     def heads_total(self) -> dict[str, int]:
         """Every gated head counted as alive (the dense phase)."""
