@@ -40,9 +40,11 @@ class NoRunsError(ValueError):
 
 
 def find_run_dirs(root: Path) -> list[Path]:
-    """Folders holding `.hydra/`, `metrics.json` or `status.json`; a run's own sub-folders are not searched."""
+    """Folders holding `.hydra/`, `metrics.json` or `status.json`; a run's own sub-folders are not searched, except
+    `levels/`: a run of a method that exports several levels (michel, astar, random) gives one row per level."""
     if any((root / name).exists() for name in (".hydra", "metrics.json", "status.json")):
-        return [root]
+        levels = sorted((p for p in (root / "levels").glob("*") if (p / "metrics.json").is_file()), key=_natural)
+        return levels or [root]
     children = [p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")]
     return [run for child in sorted(children, key=_natural) for run in find_run_dirs(child)]
 
@@ -192,8 +194,9 @@ def to_markdown(rows: list[dict], root: Path) -> str:
     return table
 
 
-def plot_pareto(rows: list[dict], path: Path, title: str = "") -> None:
-    """BLEU against heads kept, one marker per finished run: gated runs (lambda annotated) first, then other methods."""
+def plot_pareto(rows: list[dict], path: Path, title: str = "") -> dict[str, str]:
+    """BLEU against heads kept, one marker per finished run: gated runs (lambda annotated) first, then other methods.
+    Returns each method's colour."""
     done = [r for r in rows if r["status"] == "done" and r["bleu"] is not None and r["heads_alive"] is not None]
     methods = sorted({r["method"] for r in done}, key=lambda m: (m != "gated", m))
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -203,9 +206,9 @@ def plot_pareto(rows: list[dict], path: Path, title: str = "") -> None:
         ax.errorbar([g["heads_alive"] for g in points], [g["bleu"] for g in points],
                     xerr=[g["heads_sd"] for g in points], yerr=[g["bleu_sd"] for g in points], fmt="o",
                     color=f"C{i}", label=method, zorder=3, capsize=3)
+        points.sort(key=lambda r: r["heads_alive"])  # a method's points joined, fewest heads first
+        ax.plot([r["heads_alive"] for r in points], [r["bleu"] for r in points], color=f"C{i}", alpha=0.4)
         if method == "gated":
-            points.sort(key=lambda r: r["heads_alive"])
-            ax.plot([r["heads_alive"] for r in points], [r["bleu"] for r in points], color="C0", alpha=0.4)
             for r in points:
                 ax.annotate(f"λ={_fmt(r['lambda'], 'g')}", (r["heads_alive"], r["bleu"]), xytext=(4, 4),
                             textcoords="offset points", fontsize=8)
@@ -232,6 +235,7 @@ def plot_pareto(rows: list[dict], path: Path, title: str = "") -> None:
         raise
     finally:
         plt.close(fig)
+    return {method: f"C{i}" for i, method in enumerate(methods)}
 
 
 def log_to_wandb(rows: list[dict], plot: Path, name: str, out_dir: Path) -> None:
@@ -248,7 +252,11 @@ def log_to_wandb(rows: list[dict], plot: Path, name: str, out_dir: Path) -> None
 
 
 def _settings(run_dir: Path) -> str | None:
-    """The run's composed config without what may differ between seeds of one setting, as a comparable string."""
+    """The run's composed config without what may differ between seeds of one setting, as a comparable string
+    (for a level of a run, the run's config and the level)."""
+    if run_dir.parent.name == "levels":
+        settings = _settings(run_dir.parents[1])
+        return None if settings is None else f"{settings} level {run_dir.name}"
     config = run_dir / ".hydra" / "config.yaml"
     if not config.is_file():
         return None
