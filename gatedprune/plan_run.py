@@ -96,6 +96,7 @@ def load_weights(module: GatedSeq2Seq, checkpoint: Path | None) -> None:
 def run(cfg: DictConfig, run_dir: Path, method: PlanMethod, module: GatedSeq2Seq, datamodule,
         tuning: FineTuneConfig, checkpoint: Path | None, device: torch.device) -> dict:
     """Score the model, find the method's levels, export them; returns the run's metrics (also in metrics.json)."""
+    run_start = time.perf_counter()
     load_weights(module, checkpoint)
     model, gates = module.model.to(device).eval(), module.gates
     if module.teacher is not None:
@@ -135,6 +136,7 @@ def run(cfg: DictConfig, run_dir: Path, method: PlanMethod, module: GatedSeq2Seq
         shipped = ship(cfg, module, datamodule, tuning, val_pairs, run_dir, device, rule="binary", top_k=None,
                        out_dir=level_dir / "pruned", finetune_dir=level_dir / "pruned_finetuned", score_test=has_test)
         metrics = level_metrics(level, shipped, time.perf_counter() - started, **common)
+        metrics["seconds"]["run"] = time.perf_counter() - run_start  # the run up to this level's export
         write_json(level_dir / "metrics.json", metrics)
         exported[level.heads] = metrics
     gates.set_mode("open")

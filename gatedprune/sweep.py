@@ -29,7 +29,7 @@ KINDS = ("encoder", "decoder", "cross")
 STATUSES = ("done", "failed", "interrupted", "running", "unknown")
 COLUMNS = [
     "run", "method", "lambda", "seed", "heads_encoder", "heads_decoder", "heads_cross", "heads_alive", "heads_total",
-    "bleu", "chrf", "test_bleu", "dense_bleu", "params", "status", "error",
+    "bleu", "chrf", "test_bleu", "test_chrf", "dense_bleu", "params", "seconds", "status", "error",
 ]
 # what may differ between the runs of one seed group besides the seed: where they started from and wrote to
 _NOT_SETTINGS = ("seed", "resume", "paths", "hydra")
@@ -86,6 +86,8 @@ def read_run(run_dir: Path, root: Path) -> dict:
         "dense_bleu": (metrics.get("dense") or {}).get("bleu"),
         "seed": metrics.get("seed"),
         "test_bleu": _final_test(metrics).get("bleu"),
+        "test_chrf": _final_test(metrics).get("chrf"),
+        "seconds": (metrics.get("seconds") or {}).get("method"),
         "params": _params_kept(metrics),
     })
     return row
@@ -157,6 +159,45 @@ def seed_groups(rows: list[dict]) -> list[dict]:
     return summary
 
 
+def matched_counts(rows: list[dict]) -> list[dict]:
+    """Finished runs grouped by method and heads kept (seeds pooled): mean and sample standard deviation of the test
+    scores, mean heads kept per kind and the mean time the method took to decide, most heads first."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        if row["status"] == "done" and row["heads_alive"] is not None:
+            groups.setdefault((row["heads_alive"], row["method"]), []).append(row)
+
+    def spread(members: list[dict], key: str) -> tuple[float | None, float]:
+        values = [r[key] for r in members if r[key] is not None]
+        return (mean(values), stdev(values) if len(values) > 1 else 0.0) if values else (None, 0.0)
+
+    table = []
+    for (heads, method), members in sorted(groups.items(), key=lambda item: (-item[0][0], item[0][1])):
+        entry = {"heads": heads, "method": method, "n": len(members)}
+        for key in ("test_bleu", "test_chrf", "bleu", "seconds"):
+            entry[key], entry[f"{key}_sd"] = spread(members, key)
+        entry.update({kind: spread(members, f"heads_{kind}")[0] for kind in KINDS})
+        table.append(entry)
+    return table
+
+
+def matched_counts_markdown(rows: list[dict]) -> str:
+    """``matched_counts`` as a markdown table; empty when the runs hold fewer than two methods."""
+    table = matched_counts(rows)
+    if len({entry["method"] for entry in table}) < 2:
+        return ""
+
+    def pm(entry: dict, key: str) -> str:
+        if entry[key] is None:
+            return "-"
+        return f"{entry[key]:.2f}" + (f" ± {entry[f'{key}_sd']:.2f}" if entry["n"] > 1 else "")
+
+    cells = [(e["heads"], e["method"], e["n"], pm(e, "test_bleu"), pm(e, "test_chrf"), pm(e, "bleu"),
+              " / ".join(_fmt(e[kind], ".3g") for kind in KINDS), _fmt(e["seconds"], ".0f")) for e in table]
+    return markdown_table(["heads kept", "method", "runs", "test BLEU", "test chrF", "validation BLEU",
+                           "kept: encoder / decoder / cross", "seconds to decide"], cells)
+
+
 def to_csv(rows: list[dict]) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n", extrasaction="ignore")
@@ -191,6 +232,11 @@ def to_markdown(rows: list[dict], root: Path) -> str:
         ) for g in groups]
         table += "\n## Seeds\n\nRuns that differ only in their seed (mean ± sample standard deviation):\n\n"
         table += markdown_table(["runs", "method", "lambda", "seeds", "heads alive", "BLEU", "test BLEU"], group_cells)
+    matched = matched_counts_markdown(rows)
+    if matched:
+        table += ("\n## Methods at matched head counts\n\nThe exported models' test scores, mean ± sample standard "
+                  "deviation over runs (seeds) where there are several; the time a method took to decide what goes "
+                  "(gates: training, others: scoring and search):\n\n" + matched)
     return table
 
 

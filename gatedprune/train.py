@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 
 import lightning as L
@@ -179,8 +180,10 @@ def _fit_and_report(
         return plan_run.run(cfg, run_dir, method, module, datamodule, tuning, checkpoint, trainer.strategy.root_device)
     if checkpoint:
         print(f"resuming from {checkpoint}")
+    start = time.perf_counter()
     # weights_only: Lightning unpickles only tensors and plain data, so a checkpoint cannot run code on resume
     trainer.fit(module, datamodule=datamodule, ckpt_path=checkpoint, weights_only=True)
+    seconds = {"method": time.perf_counter() - start}  # training (of this process: a resumed run counts its own part)
     final = trainer.validate(module, datamodule=datamodule, verbose=False)[0]  # the gated model
     if not trainer.is_global_zero:
         return {}
@@ -193,6 +196,7 @@ def _fit_and_report(
     write_json(run_dir / "metrics.json", run_metrics(module, trainer, final, **report))  # in case export fails
     shipped = finalise(cfg, module, datamodule, tuning, val_pairs, run_dir, trainer.strategy.root_device)
     metrics = run_metrics(module, trainer, final, **report, **shipped)
+    metrics["seconds"] = {**seconds, "run": time.perf_counter() - start}
     write_json(run_dir / "metrics.json", metrics)
     print(final_table(metrics))
     return metrics
