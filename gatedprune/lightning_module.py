@@ -334,3 +334,35 @@ class GatedSeq2Seq(L.LightningModule):
         elif self.teacher is not None and not saved_teacher:  # e.g. a fork from a dense.ckpt written without it
             state.update({f"teacher.{k[len('model.'):]}": v for k, v in list(state.items()) if k.startswith("model.")})
             self._teacher_ready = False
+        self._fit_method_state(checkpoint)
+
+    def _fit_method_state(self, checkpoint: dict) -> None:
+        """A fork from a checkpoint another method wrote (an l0 run's dense.ckpt into l0_budget, or back): the
+        model's and the gates' weights and optimiser groups carry over; the method's own state (a head budget's
+        multipliers, the optimiser group that trains them) starts fresh where the source had none, and goes where
+        this method has none."""
+        state = checkpoint["state_dict"]
+        saved_budget = [k for k in state if k.startswith("budget.")]
+        if self.budget is not None and not saved_budget:
+            state.update({f"budget.{k}": v for k, v in self.budget.state_dict().items()})
+        elif self.budget is None:
+            for key in saved_budget:
+                del state[key]
+        expected = 3 if self.budget is not None else 2  # model, gates (, budget): see configure_optimizers
+        for optimizer in checkpoint.get("optimizer_states", []):
+            groups = optimizer["param_groups"]
+            if len(groups) == 2 and expected == 3:
+                first = sum(len(group["params"]) for group in groups)
+                count = len(list(self.budget.parameters()))
+                groups.append({**groups[1], "params": list(range(first, first + count)),
+                               "lr": self.pruning.lagrangian_lr, "initial_lr": self.pruning.lagrangian_lr})
+            elif len(groups) == 3 and expected == 2:
+                for index in groups.pop()["params"]:
+                    optimizer["state"].pop(index, None)
+        for scheduler in checkpoint.get("lr_schedulers", []):
+            for key in ("base_lrs", "_last_lr"):
+                if key in scheduler and len(scheduler[key]) != expected:
+                    extra = [self.pruning.lagrangian_lr] if expected == 3 else []
+                    scheduler[key] = scheduler[key][:2] + extra
+            if "lr_lambdas" in scheduler:
+                scheduler["lr_lambdas"] = (scheduler["lr_lambdas"] + [None])[:expected]
