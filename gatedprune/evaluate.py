@@ -7,7 +7,8 @@ Hugging Face seq2seq directory, pruned by gatedprune or not, on a split of any d
 
 e.g. ``gatedprune-evaluate outputs/<date>/<time>/pruned --num-beams 4`` (the Bible test split) or
 ``gatedprune-evaluate my-model data=files data.files.train=train.tsv data.files.validation=dev.tsv
-data.files.test=test.tsv``. It prints a table and writes ``eval.json`` (``--out``).
+data.files.test=test.tsv``. A model directory inside a run (its export, ``<run>/pruned``) is scored on the run's
+data (``train_config``). It prints a table and writes ``eval.json`` (``--out``).
 """
 
 from __future__ import annotations
