@@ -153,11 +153,12 @@ class HeadGates(nn.Module):
 
     @torch.no_grad()
     def fix_(self, plan: dict[str, list[int]]) -> "HeadGates":
-        """Set the gates so that the binary rule keeps exactly ``plan`` (sites it does not name: unchanged)."""
+        """Set the gates so that the binary rule keeps exactly ``plan`` (sites it does not name: unchanged), at
+        log_alpha -10 or 10: settled, so each deterministic gate is 0 or 1 too (with the default stretch)."""
         for path, gate in zip(self.paths, self.gates):
             if path in plan:
-                gate.log_alpha.fill_(-1.0)
-                gate.log_alpha[plan[path]] = 1.0
+                gate.log_alpha.fill_(-10.0)
+                gate.log_alpha[plan[path]] = 10.0
         return self
 
     def _per_kind(self, per_site: list) -> dict:

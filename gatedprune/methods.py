@@ -14,6 +14,7 @@ learning rate and hard-concrete constants) lives in ``GatedPruning``.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -30,6 +31,8 @@ from gatedprune.utils import check_numbers
 class GatedPruning:
     """What is gated, when gating starts, and the gates' own settings."""
 
+    trains_gates: ClassVar[bool] = True  # the methods of gatedprune.baselines score a trained model instead
+    name: ClassVar[str] = "gated"
     kinds: tuple[str, ...] = ATTENTION_KINDS
     start_step: int = 0  # dense phase: gates open and no penalty before this optimiser step
     gate_lr: float = 0.1

@@ -39,6 +39,11 @@ def export_plan(export_report: dict) -> dict[str, list[int]]:
     return {path: kept for per_kind in export_report["plan"].values() for path, kept in per_kind.items()}
 
 
+def versions() -> dict:
+    return {"gatedprune": version(), "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "lightning": L.__version__}
+
+
 def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoint: str, head_budget: int | None,
                 export: dict | None = None, exported: dict | None = None, test: dict | None = None,
                 finetuned: dict | None = None) -> dict:
@@ -91,10 +96,7 @@ def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoin
         "skipped_steps": module.skipped_steps,
         "sacrebleu_signature": module.signature,
         "seed": seed,
-        "versions": {
-            "gatedprune": version(), "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "lightning": L.__version__,
-        },
+        "versions": versions(),
     }
     if export is not None:
         metrics["export"] = {

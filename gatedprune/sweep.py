@@ -29,7 +29,7 @@ KINDS = ("encoder", "decoder", "cross")
 STATUSES = ("done", "failed", "interrupted", "running", "unknown")
 COLUMNS = [
     "run", "method", "lambda", "seed", "heads_encoder", "heads_decoder", "heads_cross", "heads_alive", "heads_total",
-    "bleu", "chrf", "test_bleu", "dense_bleu", "params", "status", "error",
+    "bleu", "chrf", "test_bleu", "test_chrf", "dense_bleu", "params", "seconds", "status", "error",
 ]
 # what may differ between the runs of one seed group besides the seed: where they started from and wrote to
 _NOT_SETTINGS = ("seed", "resume", "paths", "hydra")
@@ -40,9 +40,11 @@ class NoRunsError(ValueError):
 
 
 def find_run_dirs(root: Path) -> list[Path]:
-    """Folders holding `.hydra/`, `metrics.json` or `status.json`; a run's own sub-folders are not searched."""
+    """Folders holding `.hydra/`, `metrics.json` or `status.json`; a run's own sub-folders are not searched, except
+    `levels/`: a run of a method that exports several levels (michel, astar, random) gives one row per level."""
     if any((root / name).exists() for name in (".hydra", "metrics.json", "status.json")):
-        return [root]
+        levels = sorted((p for p in (root / "levels").glob("*") if (p / "metrics.json").is_file()), key=_natural)
+        return levels or [root]
     children = [p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")]
     return [run for child in sorted(children, key=_natural) for run in find_run_dirs(child)]
 
@@ -84,6 +86,8 @@ def read_run(run_dir: Path, root: Path) -> dict:
         "dense_bleu": (metrics.get("dense") or {}).get("bleu"),
         "seed": metrics.get("seed"),
         "test_bleu": _final_test(metrics).get("bleu"),
+        "test_chrf": _final_test(metrics).get("chrf"),
+        "seconds": (metrics.get("seconds") or {}).get("method"),
         "params": _params_kept(metrics),
     })
     return row
@@ -155,6 +159,45 @@ def seed_groups(rows: list[dict]) -> list[dict]:
     return summary
 
 
+def matched_counts(rows: list[dict]) -> list[dict]:
+    """Finished runs grouped by method and heads kept (seeds pooled): mean and sample standard deviation of the test
+    scores, mean heads kept per kind and the mean time the method took to decide, most heads first."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        if row["status"] == "done" and row["heads_alive"] is not None:
+            groups.setdefault((row["heads_alive"], row["method"]), []).append(row)
+
+    def spread(members: list[dict], key: str) -> tuple[float | None, float]:
+        values = [r[key] for r in members if r[key] is not None]
+        return (mean(values), stdev(values) if len(values) > 1 else 0.0) if values else (None, 0.0)
+
+    table = []
+    for (heads, method), members in sorted(groups.items(), key=lambda item: (-item[0][0], item[0][1])):
+        entry = {"heads": heads, "method": method, "n": len(members)}
+        for key in ("test_bleu", "test_chrf", "bleu", "seconds"):
+            entry[key], entry[f"{key}_sd"] = spread(members, key)
+        entry.update({kind: spread(members, f"heads_{kind}")[0] for kind in KINDS})
+        table.append(entry)
+    return table
+
+
+def matched_counts_markdown(rows: list[dict]) -> str:
+    """``matched_counts`` as a markdown table; empty when the runs hold fewer than two methods."""
+    table = matched_counts(rows)
+    if len({entry["method"] for entry in table}) < 2:
+        return ""
+
+    def pm(entry: dict, key: str) -> str:
+        if entry[key] is None:
+            return "-"
+        return f"{entry[key]:.2f}" + (f" ± {entry[f'{key}_sd']:.2f}" if entry["n"] > 1 else "")
+
+    cells = [(e["heads"], e["method"], e["n"], pm(e, "test_bleu"), pm(e, "test_chrf"), pm(e, "bleu"),
+              " / ".join(_fmt(e[kind], ".3g") for kind in KINDS), _fmt(e["seconds"], ".0f")) for e in table]
+    return markdown_table(["heads kept", "method", "runs", "test BLEU", "test chrF", "validation BLEU",
+                           "kept: encoder / decoder / cross", "seconds to decide"], cells)
+
+
 def to_csv(rows: list[dict]) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n", extrasaction="ignore")
@@ -189,11 +232,17 @@ def to_markdown(rows: list[dict], root: Path) -> str:
         ) for g in groups]
         table += "\n## Seeds\n\nRuns that differ only in their seed (mean ± sample standard deviation):\n\n"
         table += markdown_table(["runs", "method", "lambda", "seeds", "heads alive", "BLEU", "test BLEU"], group_cells)
+    matched = matched_counts_markdown(rows)
+    if matched:
+        table += ("\n## Methods at matched head counts\n\nThe exported models' test scores, mean ± sample standard "
+                  "deviation over runs (seeds) where there are several; the time a method took to decide what goes "
+                  "(gates: training, others: scoring and search):\n\n" + matched)
     return table
 
 
-def plot_pareto(rows: list[dict], path: Path, title: str = "") -> None:
-    """BLEU against heads kept, one marker per finished run: gated runs (lambda annotated) first, then other methods."""
+def plot_pareto(rows: list[dict], path: Path, title: str = "") -> dict[str, str]:
+    """BLEU against heads kept, one marker per finished run: gated runs (lambda annotated) first, then other methods.
+    Returns each method's colour."""
     done = [r for r in rows if r["status"] == "done" and r["bleu"] is not None and r["heads_alive"] is not None]
     methods = sorted({r["method"] for r in done}, key=lambda m: (m != "gated", m))
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -203,9 +252,9 @@ def plot_pareto(rows: list[dict], path: Path, title: str = "") -> None:
         ax.errorbar([g["heads_alive"] for g in points], [g["bleu"] for g in points],
                     xerr=[g["heads_sd"] for g in points], yerr=[g["bleu_sd"] for g in points], fmt="o",
                     color=f"C{i}", label=method, zorder=3, capsize=3)
+        points.sort(key=lambda r: r["heads_alive"])  # a method's points joined, fewest heads first
+        ax.plot([r["heads_alive"] for r in points], [r["bleu"] for r in points], color=f"C{i}", alpha=0.4)
         if method == "gated":
-            points.sort(key=lambda r: r["heads_alive"])
-            ax.plot([r["heads_alive"] for r in points], [r["bleu"] for r in points], color="C0", alpha=0.4)
             for r in points:
                 ax.annotate(f"λ={_fmt(r['lambda'], 'g')}", (r["heads_alive"], r["bleu"]), xytext=(4, 4),
                             textcoords="offset points", fontsize=8)
@@ -232,6 +281,7 @@ def plot_pareto(rows: list[dict], path: Path, title: str = "") -> None:
         raise
     finally:
         plt.close(fig)
+    return {method: f"C{i}" for i, method in enumerate(methods)}
 
 
 def log_to_wandb(rows: list[dict], plot: Path, name: str, out_dir: Path) -> None:
@@ -248,7 +298,11 @@ def log_to_wandb(rows: list[dict], plot: Path, name: str, out_dir: Path) -> None
 
 
 def _settings(run_dir: Path) -> str | None:
-    """The run's composed config without what may differ between seeds of one setting, as a comparable string."""
+    """The run's composed config without what may differ between seeds of one setting, as a comparable string
+    (for a level of a run, the run's config and the level)."""
+    if run_dir.parent.name == "levels":
+        settings = _settings(run_dir.parents[1])
+        return None if settings is None else f"{settings} level {run_dir.name}"
     config = run_dir / ".hydra" / "config.yaml"
     if not config.is_file():
         return None

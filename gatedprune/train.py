@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 
 import lightning as L
@@ -26,6 +27,8 @@ from gatedprune.finalise import finalise
 from gatedprune.head_gates import RULES
 from gatedprune.finetune import FineTuneConfig
 from gatedprune.lightning_module import GatedSeq2Seq
+from gatedprune.methods import GatedPruning
+from gatedprune import plan_run
 from gatedprune.report import final_table, run_metrics
 from gatedprune.utils import atomic_write_text, write_json
 
@@ -130,6 +133,11 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
         if tuning.steps:
             check_out_dir(Path(tuning.out_dir), protected=[run_dir, Path(cfg.export.out_dir)])
     checkpoint = checkpoints.resume_checkpoint(cfg.resume, run_dir)
+    if not pruning.trains_gates and checkpoint is None and cfg.model.get("name_or_path") is None:
+        raise ValueError(
+            f"pruning={pruning.name} prunes a trained model; give one: resume=<a dense run directory or its "
+            "checkpoint> or model=pretrained model.name_or_path=<model directory or hub id>"
+        )
     saved = load_checkpoint_file(checkpoint) if checkpoint else None  # refuse a truncated or unsafe file now
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # quiet: stderr is for errors until set-up is done
     # a resumed run keeps the tokenizer its checkpoint was trained with; other DDP processes take rank 0's,
@@ -143,27 +151,39 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
         tokenizer.save_pretrained(run_dir / "tokenizer")
     model = _instantiate(cfg.model, tokenizer=tokenizer)
     if checkpoint:  # a model of other shapes would fail deep inside trainer.fit, after the run directory is made
-        for field in check_resumable(checkpoint, saved, model, pruning.kinds):
+        kinds = pruning.kinds if pruning.trains_gates else saved["gate_kinds"]  # a plan method takes weights only
+        for field in check_resumable(checkpoint, saved, model, kinds):
             print(f"warning: resuming with a model config field changed: {field}")
         del saved
-    module = _instantiate(cfg.module)(model=model, tokenizer=tokenizer, pruning=pruning, optim=optim,
+    # a method that scores a trained model gates its heads only to mask them: the gates' own settings do not apply
+    gating = pruning if pruning.trains_gates else GatedPruning(kinds=pruning.kinds, distill=pruning.distill)
+    module = _instantiate(cfg.module)(model=model, tokenizer=tokenizer, pruning=gating, optim=optim,
                                       generation=generation, test_generation=test_generation)
+    if not pruning.trains_gates:
+        pruning.check(module.gates.num_heads)
     datamodule.setup("fit")  # tokenises, and refuses a training set that length filtering emptied
 
     loggers = [instantiate(c) for c in cfg.logger.values()]
     callbacks = [instantiate(c) for c in cfg.callbacks.values()]
     trainer: L.Trainer = instantiate(cfg.trainer, logger=loggers, callbacks=callbacks)
-    return trainer, module, datamodule, checkpoint, tuning
+    if not pruning.trains_gates and trainer.world_size > 1:
+        raise ValueError(f"pruning={pruning.name} runs in one process; allowed: trainer.devices=1 (got "
+                         f"{trainer.world_size} processes)")
+    return trainer, module, datamodule, checkpoint, tuning, pruning
 
 
 def _fit_and_report(
     cfg: DictConfig, run_dir: Path, trainer: L.Trainer, module: GatedSeq2Seq, datamodule, checkpoint: Path | None,
-    tuning: FineTuneConfig,
+    tuning: FineTuneConfig, method,
 ) -> dict:
+    if not method.trains_gates:  # it scores the trained model: nothing to fit
+        return plan_run.run(cfg, run_dir, method, module, datamodule, tuning, checkpoint, trainer.strategy.root_device)
     if checkpoint:
         print(f"resuming from {checkpoint}")
+    start = time.perf_counter()
     # weights_only: Lightning unpickles only tensors and plain data, so a checkpoint cannot run code on resume
     trainer.fit(module, datamodule=datamodule, ckpt_path=checkpoint, weights_only=True)
+    seconds = {"method": time.perf_counter() - start}  # training (of this process: a resumed run counts its own part)
     final = trainer.validate(module, datamodule=datamodule, verbose=False)[0]  # the gated model
     if not trainer.is_global_zero:
         return {}
@@ -176,6 +196,7 @@ def _fit_and_report(
     write_json(run_dir / "metrics.json", run_metrics(module, trainer, final, **report))  # in case export fails
     shipped = finalise(cfg, module, datamodule, tuning, val_pairs, run_dir, trainer.strategy.root_device)
     metrics = run_metrics(module, trainer, final, **report, **shipped)
+    metrics["seconds"] = {**seconds, "run": time.perf_counter() - start}
     write_json(run_dir / "metrics.json", metrics)
     print(final_table(metrics))
     return metrics

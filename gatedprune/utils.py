@@ -71,7 +71,7 @@ def write_json(path: str | Path, data) -> None:
 
 def check_numbers(section: str, config, values: dict | None = None) -> None:
     """``ValueError`` naming the first field of dataclass ``config`` whose default is a number (or a tuple of numbers)
-    and whose value is not one, or is nan or inf: no option means anything at infinity, nan passes every ``<``
+    and whose value is not one (or a list of them), or is nan or inf: no option means anything at infinity, nan passes every ``<``
     check silently, and a string would fail later with a TypeError that names no option.
 
     ``config`` may be a dataclass type with ``values`` the mapping it is about to be built from.
@@ -87,9 +87,7 @@ def check_numbers(section: str, config, values: dict | None = None) -> None:
         if values is not None and field.name not in values:
             continue
         value = values[field.name] if values is not None else getattr(config, field.name)
-        if is_number(default):
-            numbers = [value]
-        elif isinstance(default, tuple) and default and all(map(is_number, default)):
+        if is_number(default) or (isinstance(default, tuple) and default and all(map(is_number, default))):
             numbers = list(value) if isinstance(value, (tuple, list)) else [value]
         else:
             continue

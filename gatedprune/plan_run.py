@@ -1,0 +1,189 @@
+"""A run of a method that scores a trained model (``gatedprune.baselines``): levels -> export -> report.
+
+The model comes from ``resume=`` (a dense run or its checkpoint: its weights; any gates in it are ignored) or from
+``model=pretrained``. The method asks a ``MaskedModel`` what it needs (loss, BLEU, importance with some heads
+masked) and returns its levels; each level is scored on the validation split as masked, and the levels the method
+exports go through the same export, verification, reload, test scoring and fine-tuning as a gated run's
+(``finalise.ship``), each into ``<run>/levels/<heads>_heads/`` with its own ``metrics.json``. The run's
+``metrics.json`` describes the last level exported (the fewest heads) and lists every level.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+from gatedprune.baselines import Head, Level, PlanMethod
+from gatedprune.checkpoints import load_checkpoint_file, strip_prefix
+from gatedprune.evaluate import corpus_scores, generate, token_cross_entropy
+from gatedprune.finalise import ship
+from gatedprune.finetune import FineTuneConfig
+from gatedprune.importance import head_importance
+from gatedprune.lightning_module import GatedSeq2Seq
+from gatedprune.report import heads_kept, export_plan, versions
+from gatedprune.utils import atomic_write_text, format_table, write_json
+
+
+class MaskedModel:
+    """The trained model with every gated head behind a fixed 0/1 gate: what a plan keeps, computed without cutting.
+
+    ``loss`` and ``bleu`` use a fixed validation subset (the first ``eval_pairs`` pairs, shortest sources first),
+    ``importance`` the same batches; ``evaluations`` counts the model evaluations asked for.
+    """
+
+    def __init__(self, module: GatedSeq2Seq, datamodule, eval_pairs: int, device: torch.device):
+        self.module, self.model, self.gates = module, module.model.to(device).eval(), module.gates
+        self.heads: list[Head] = [(path, head) for path, _, _, head in self.gates.index()]
+        self.device = device
+        batches, taken = [], 0
+        for batch in datamodule.loader("validation", shard=False):
+            batches.append({k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()})
+            taken += len(batch["input_ids"])
+            if taken >= eval_pairs:
+                break
+        self.batches = batches
+        self.evaluations = 0
+
+    def plan(self, kept) -> dict[str, list[int]]:
+        plan = {path: [] for path in self.gates.paths}
+        for path, head in kept:
+            plan[path].append(head)
+        return {path: sorted(heads) for path, heads in plan.items()}
+
+    def _mask(self, kept) -> None:
+        self.gates.fix_(self.plan(kept)).set_mode("binary")
+        self.evaluations += 1
+
+    @torch.no_grad()
+    def loss(self, kept) -> float:
+        """Token-mean cross-entropy (no label smoothing) with only ``kept`` heads."""
+        self._mask(kept)
+        total = tokens = 0
+        for batch in self.batches:
+            total += token_cross_entropy(self.model, batch, reduction="sum").item()
+            tokens += int((batch["labels"] != -100).sum())
+        return total / tokens
+
+    def bleu(self, kept) -> float:
+        """Corpus BLEU of greedy/beam decoding (validation settings) with only ``kept`` heads."""
+        self._mask(kept)
+        hyps, refs = [], []
+        for batch in self.batches:
+            out = generate(self.model, batch["input_ids"], batch["attention_mask"], self.module.generation)
+            hyps += self.module.tokenizer.batch_decode(out, skip_special_tokens=True)
+            refs += list(batch["tgt_texts"])
+        return corpus_scores(hyps, refs)["bleu"]
+
+    def importance(self, kept, layer_norm_exponent: float | None) -> dict[str, torch.Tensor]:
+        self._mask(kept)
+        return head_importance(self.model, self.batches, layer_norm_exponent, kinds=self.module.pruning.kinds)
+
+
+def load_weights(module: GatedSeq2Seq, checkpoint: Path | None) -> None:
+    """The trained model's weights from ``checkpoint`` (model weights only; gates stay open). The teacher, if
+    fine-tuning distils, is this model too."""
+    if checkpoint is not None:
+        saved = load_checkpoint_file(checkpoint)
+        module.model.load_state_dict(strip_prefix(saved["state_dict"], "model."))
+    if module.teacher is not None:
+        module.teacher.load_state_dict(module.model.state_dict())
+
+
+def run(cfg: DictConfig, run_dir: Path, method: PlanMethod, module: GatedSeq2Seq, datamodule,
+        tuning: FineTuneConfig, checkpoint: Path | None, device: torch.device) -> dict:
+    """Score the model, find the method's levels, export them; returns the run's metrics (also in metrics.json)."""
+    run_start = time.perf_counter()
+    load_weights(module, checkpoint)
+    model, gates = module.model.to(device).eval(), module.gates
+    if module.teacher is not None:
+        module.teacher.to(device)
+    has_test = module.test_generation is not None and "test" in datamodule.datasets
+    gates.set_mode("open")
+    dense = {"validation": module.score_split(model, "validation", datamodule),
+             "test": module.score_split(model, "test", datamodule) if has_test else None}
+    print(f"the model pruned from: validation BLEU {dense['validation']['bleu']:.2f}"
+          + (f", test BLEU {dense['test']['bleu']:.2f}" if has_test else ""))
+
+    probe = MaskedModel(module, datamodule, method.eval_pairs, device)
+    start = time.perf_counter()
+    levels = method.levels(probe)
+    seconds = time.perf_counter() - start
+    print(f"{method.label()}: {len(levels)} levels in {seconds:.1f} s ({probe.evaluations} model evaluations)")
+
+    scored = []  # each level as masked, on the whole validation split
+    for level in levels:
+        gates.fix_(probe.plan(level.kept)).set_mode("binary")
+        masked = module.score_split(model, "validation", datamodule)
+        level.info.update(masked_bleu=masked["bleu"], masked_chrf=masked["chrf"], masked_loss=masked["loss"])
+        scored.append((level, masked["bleu"]))
+    chosen = method.choose(scored, dense["validation"]["bleu"]) if hasattr(method, "choose") else levels
+    if not chosen:
+        raise ValueError(f"{method.label()}: no level to export (pruning.max_bleu_loss keeps none)")
+
+    val_pairs = datamodule.pairs["validation"][: cfg.export.samples]
+    common = dict(method=method.label(), settings=method.describe(), dense=dense, seconds=seconds,
+                  evaluations=probe.evaluations, seed=cfg.seed, checkpoint=str(checkpoint) if checkpoint else None,
+                  heads_per_kind=gates.heads_per_kind(), params_before=sum(p.numel() for p in model.parameters()))
+    exported = {}
+    for level in chosen:
+        level_dir = run_dir / "levels" / f"{level.heads:03d}_heads"
+        gates.fix_(probe.plan(level.kept)).set_mode("binary")
+        started = time.perf_counter()
+        shipped = ship(cfg, module, datamodule, tuning, val_pairs, run_dir, device, rule="binary", top_k=None,
+                       out_dir=level_dir / "pruned", finetune_dir=level_dir / "pruned_finetuned", score_test=has_test)
+        metrics = level_metrics(level, shipped, time.perf_counter() - started, **common)
+        metrics["seconds"]["run"] = time.perf_counter() - run_start  # the run up to this level's export
+        write_json(level_dir / "metrics.json", metrics)
+        exported[level.heads] = metrics
+    gates.set_mode("open")
+
+    summary = [{"heads": level.heads, **level.info, "exported": level.heads in exported,
+                "test_bleu": exported[level.heads]["test"].get("pruned", {}).get("bleu") if level.heads in exported
+                and exported[level.heads]["test"] else None} for level in levels]
+    metrics = {**exported[chosen[-1].heads], "levels": summary}
+    write_json(run_dir / "metrics.json", metrics)
+    atomic_write_text(run_dir / "val_pairs.jsonl",
+                      "".join(json.dumps({"source": s, "target": t}) + "\n" for s, t in val_pairs))
+    print(levels_table(metrics))
+    return metrics
+
+
+def level_metrics(level: Level, shipped: dict, ship_seconds: float, *, method: str, settings: dict, dense: dict,
+                  seconds: float, evaluations: int, seed: int, checkpoint: str | None, heads_per_kind: dict,
+                  params_before: int) -> dict:
+    """metrics.json of one exported level: the keys a gated run's metrics.json has for the model it ships."""
+    export, exported, finetuned = shipped["export"], shipped["exported"], shipped["finetuned"]
+    name = f"exported, fine-tuned {finetuned['steps']} steps ({finetuned['dir']})" if finetuned else "exported"
+    test = {**({"dense": dense["test"]} if dense["test"] else {}), **shipped["test"]}
+    return {
+        "method": method, "model": name,
+        "bleu": exported["bleu"], "chrf": exported["chrf"], "val_loss": exported["loss"],
+        "heads_alive": heads_kept(export), "params": export["params_after"], "plan": export_plan(export),
+        "heads_total": heads_per_kind["total"], "heads_per_kind": heads_per_kind, "params_before": params_before,
+        "l0_lambda": None, "target_heads": level.heads, "settings": settings, "level": level.info,
+        "seconds": {"method": seconds, "export_and_score": ship_seconds}, "evaluations": evaluations,
+        "checkpoint": checkpoint,
+        "dense": {"bleu": dense["validation"]["bleu"], "chrf": dense["validation"]["chrf"],
+                  "loss": dense["validation"]["loss"]},
+        "test": test or {"note": "no test split: the data source was given none"},
+        "export": {"dir": export["dir"], "rule": export["rule"], "heads_kept": export["heads_kept"],
+                   "params": export["params_after"], "verification": export["verification"]},
+        **({"finetune": finetuned} if finetuned else {}),
+        "seed": seed, "versions": versions(),
+    }
+
+
+def levels_table(metrics: dict) -> str:
+    """Every level: heads kept, masked validation BLEU and loss, and the exported model's test BLEU."""
+    rows = [(level["heads"], f"{level['masked_bleu']:.2f}", f"{level['masked_loss']:.3f}",
+             "-" if level["test_bleu"] is None else f"{level['test_bleu']:.2f}") for level in metrics["levels"]]
+    dense = metrics["dense"]
+    rows.insert(0, (metrics["heads_total"], f"{dense['bleu']:.2f}", f"{dense['loss']:.3f}",
+                    f"{metrics['test']['dense']['bleu']:.2f}" if "dense" in metrics["test"] else "-"))
+    return (f"{metrics['method']}: heads kept per level (first row: the model pruned from)\n"
+            + format_table(["heads", "validation BLEU (masked)", "validation loss (masked)", "test BLEU (exported)"],
+                           rows))
