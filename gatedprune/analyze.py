@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from gatedprune.adapters import AttentionSite, attention_sites
 from gatedprune.cli import RunFailed
+from gatedprune.data import SPLITS, collate_pairs
 from gatedprune.evaluate import cross_entropy, split_data, teacher_forced_inputs, train_config
 from gatedprune.surgery import masked_heads, plan_record
 
@@ -95,7 +96,12 @@ def load_subject(path: Path, cfg) -> Subject:
         return Subject(model, path, tokenizer, values, f"run {path} ({checkpoint.name}, gates in mode {mode!r})")
     if (path / "config.json").is_file():
         return Subject(load_seq2seq(path), path, path, {}, f"model directory {path}")
-    raise ValueError(f"{path} is neither a run directory (checkpoints/last.ckpt) nor a model directory (config.json)")
+    raise _not_analysable(path)
+
+
+def _not_analysable(path: Path) -> ValueError:
+    return ValueError(f"{path} is neither a gated run directory (checkpoints/last.ckpt) nor a model directory "
+                      "(config.json); give a run, or a model directory such as <run>/pruned")
 
 
 def use_eager_attention(model: nn.Module) -> None:
@@ -107,8 +113,6 @@ def use_eager_attention(model: nn.Module) -> None:
 
 def analysis_batches(data, split: str, max_pairs: int) -> list[dict]:
     """The first ``max_pairs`` pairs of ``split``, by source length into batches of the data's ``eval_batch_size``."""
-    from gatedprune.data import collate_pairs
-
     dataset = data.datasets[split]
     chosen = sorted(range(min(len(dataset), max_pairs)), key=lambda i: len(dataset.src_ids[i]))
     size = data.eval_batch_size
@@ -227,12 +231,15 @@ def _rarest(source: torch.Tensor, mask: torch.Tensor, special_ids: Sequence[int]
     return rarest, chance.float(), candidate.any(dim=-1)
 
 
-def _loss(model: nn.Module, batches: Sequence[dict]) -> float:
-    """Teacher-forced cross-entropy per target token over all ``batches``."""
+def _loss(model: nn.Module, batches: Sequence[dict], encoded: Sequence | None = None) -> float:
+    """Teacher-forced cross-entropy per target token over all ``batches`` (``encoded``: their encoder outputs, which
+    the decoder then reads instead of running the encoder again)."""
     total, tokens = 0.0, 0
-    for batch in batches:
-        logits = model(**teacher_forced_inputs(model, batch)).logits
-        total += float(cross_entropy(logits, batch["labels"], reduction="sum"))
+    for i, batch in enumerate(batches):
+        inputs = teacher_forced_inputs(model, batch)
+        if encoded is not None:
+            inputs["encoder_outputs"] = encoded[i]
+        total += float(cross_entropy(model(**inputs).logits, batch["labels"], reduction="sum"))
         tokens += int((batch["labels"] != -100).sum())
     return total / max(tokens, 1)
 
@@ -244,14 +251,19 @@ def ablation_effects(model: nn.Module, batches: Sequence[dict], heads: dict[str,
     loss with that head alone removed minus it (``masked_heads``: its slice of the output projection's input
     zeroed, what ``prune_heads`` computes)."""
     model.eval()
-    everything = {site.path: list(range(site.num_heads)) for site in attention_sites(model)}
+    sites = attention_sites(model)
+    everything = {site.path: list(range(site.num_heads)) for site in sites}
+    kinds = {site.path: site.kind for site in sites}
     effects: dict[str, dict[int, float]] = {path: {} for path in heads}
     with masked_heads(model, everything) as mask:
         base = _loss(model, batches)
+        # removing a decoder or cross-attention head leaves the encoder's output as it is: encode once
+        encoder = model.get_encoder()
+        encoded = [encoder(input_ids=b["input_ids"], attention_mask=b["attention_mask"]) for b in batches]
         todo = [(path, i) for path, indices in heads.items() for i in indices]
         for path, i in tqdm(todo, desc="ablation", unit="head", disable=None if progress is None else not progress):
             mask.fix_({path: [h for h in everything[path] if h != i]})
-            effects[path][i] = _loss(model, batches) - base
+            effects[path][i] = _loss(model, batches, None if kinds[path] == "encoder" else encoded) - base
             mask.fix_({path: everything[path]})
     return base, effects
 
@@ -273,8 +285,10 @@ def analyze(path: str | Path, split: str = "validation", max_pairs: int = DEFAUL
         raise FileNotFoundError(f"{path}: no such directory (give a run directory or a model directory)")
     if not isinstance(max_pairs, int) or max_pairs < 1:
         raise ValueError(f"--max-pairs {max_pairs}; allowed: an integer >= 1")
+    if split not in SPLITS:
+        raise ValueError(f"--split {split!r}; allowed: {', '.join(SPLITS)}")
     if not any((path / p).is_file() for p in ("checkpoints/last.ckpt", "config.json")):
-        raise ValueError(f"{path} is neither a run directory (checkpoints/last.ckpt) nor a model directory (config.json)")
+        raise _not_analysable(path)
     cfg = train_config(path, overrides)
     subject = load_subject(path, cfg)
     model = subject.model
@@ -287,7 +301,7 @@ def analyze(path: str | Path, split: str = "validation", max_pairs: int = DEFAUL
     counts = source_counts(data, max(len(tokenizer), int(model.config.vocab_size)))
     measures = attention_measures(model, batches, sites, tokenizer.eos_token_id, tokenizer.all_special_ids, counts,
                                   progress)
-    importance = head_importance(model, batches, progress=bool(progress))
+    importance = head_importance(model, batches, progress=sys.stderr.isatty() if progress is None else progress)
     base, ablation = ablation_effects(model, batches, {p: [i for i, _ in hs] for p, hs in heads.items()}, progress)
     rows = []
     for site in sites:
@@ -350,7 +364,7 @@ def heads_markdown(report: Report) -> str:
         f"{r['kind']} {r['layer']}.{r['head']} (+{r['ablation']:.4f})" for r in needed) + ".", ""]
     if not about["train_counts"]:
         lines += ["The data has no training split here, so the rare-token columns are empty.", ""]
-    lines += ["## Columns", "", *(f"- `{c}`: {COLUMNS[c]}" for c in COLUMNS), f"- {QUERY_TOKENS}", "",
+    lines += ["## Columns", "", *(f"- `{c}`: {COLUMNS[c]}" for c in COLUMNS), "", QUERY_TOKENS, "",
               "## Heads", "", markdown_table(["module", *shown], [(r["path"], *(short(r[c]) for c in shown)) for r in rows])]
     return "\n".join(lines)
 
@@ -378,11 +392,7 @@ def heatmaps(report: Report) -> dict[str, object]:
     for column, (what, label, cmap, scale) in HEATMAPS.items():
         panels: dict[str, list] = {}
         for path, kind, layer, width in report.modules:  # a module without heads: a grey row
-            values = [None] * width
-            for r in report.rows:
-                if r["path"] == path:
-                    values[r["head"]] = r[column]
-            panels.setdefault(kind, []).append((layer, values))
+            panels.setdefault(kind, []).append((layer, _column_of(report, path, width, column)))
         panels = {k: rows for k, rows in panels.items() if any(v is not None for _, vs in rows for v in vs)}
         if not panels:
             continue
@@ -394,9 +404,23 @@ def heatmaps(report: Report) -> dict[str, object]:
             what += f" (uniform attention: {sum(chance) / len(chance):.2f})"
         missing = any(v is None for rows in panels.values() for _, vs in rows for v in vs)
         title = f"{what}\n{subject}" + ("; grey: no such head" if missing else "")
+        marks = None
+        if column == "p_open":  # the heads the binary rule removes (log_alpha <= 0), crossed as in gates/step_*.png
+            marks = {kind: [(layer, [v is not None and v <= 0 for v in _column_of(report, path, width, "log_alpha")])
+                            for path, k, layer, width in report.modules if k == kind] for kind in panels}
+            title = title.replace("\n", " (x: log_alpha <= 0)\n", 1)
         figures[f"heatmap_{column}.png"] = head_heatmap(panels, label=label, title=title, vmin=low, vmax=high,
-                                                        cmap=cmap)
+                                                        cmap=cmap, marks=marks)
     return figures
+
+
+def _column_of(report: Report, path: str, width: int, column: str) -> list:
+    """One module's values of ``column`` by original head number, None for the heads it lacks."""
+    values = [None] * width
+    for r in report.rows:
+        if r["path"] == path:
+            values[r["head"]] = r[column]
+    return values
 
 
 def write_report(report: Report, out: Path) -> list[Path]:

@@ -4,12 +4,10 @@ input refused in one line with nothing written."""
 
 import copy
 import csv
-import importlib
 import json
 import math
 import subprocess
 import sys
-import types
 
 import pytest
 import torch
@@ -25,36 +23,19 @@ from gatedprune.evaluate import split_data, train_config
 from gatedprune.surgery import prune_heads
 
 PAIRS = 24  # analysed per report: one batch of the smoke data
-SHORT = ("trainer.max_steps=12", "pruning.start_step=4", "trainer.val_check_interval=6",  # a shorter smoke run
+SHORT = ("trainer.max_steps=12", "dense_steps=4", "trainer.val_check_interval=6",  # a shorter smoke run
          "callbacks.checkpoint.every_n_train_steps=6", "optim.warmup_steps=4", "export.samples=8")
 
 
 @pytest.fixture(scope="module")
-def importance():
-    """``gatedprune.importance`` (Michel et al.'s scores), or, until that module is in this branch, a stand-in with
-    its signature: every module's heads equally important, L2-normalised."""
-    try:
-        importlib.import_module("gatedprune.importance")
-    except ImportError:
-        stand_in = types.ModuleType("gatedprune.importance")
-
-        def head_importance(model, batches, layer_norm_exponent=2, kinds=ATTENTION_KINDS, progress=False):
-            return {s.path: torch.full((s.num_heads,), s.num_heads ** -0.5) for s in attention_sites(model, kinds)}
-
-        stand_in.head_importance = head_importance
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setitem(sys.modules, "gatedprune.importance", stand_in)
-            yield
-    else:
-        yield
-
-
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory, importance):
+def reports(tmp_path_factory):
     """A smoke run whose export keeps exactly 5 of 24 heads in 6 modules (uneven, so one at least has none), and
     both reports."""
     run = tmp_path_factory.mktemp("analyze") / "run"
-    proc = run_train(run, "pruning=l0_budget", "pruning.target_heads=5", *SHORT)
+    with pytest.MonkeyPatch.context() as patch:
+        # one thread: tiny matrices on a shared 2-core box ran this 7x slower with two threads fighting (58 s vs 8 s)
+        patch.setenv("OMP_NUM_THREADS", "1")
+        proc = run_train(run, "pruning=l0_budget", "pruning.target_heads=5", *SHORT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for directory in (run, run / "pruned"):
         assert analyze_command([str(directory), "--max-pairs", str(PAIRS)]) == 0
@@ -113,6 +94,8 @@ def test_a_report_has_every_head_and_every_column_in_range(reports, which):
             assert values["to_rarest"] is None and values["rarest_chance"] is None
         if r["kind"] == "decoder":
             assert values["to_next"] == 0  # causal: nothing ahead to attend to
+    for path in {r["path"] for r in rows}:  # Michel et al.'s scores, divided by their module's L2 norm
+        assert sum(float(r["importance"]) ** 2 for r in rows if r["path"] == path) == pytest.approx(1, abs=1e-4)
     md = (directory / "analysis" / "heads.md").read_text()
     assert f"{PAIRS} pairs of the validation split" in md and all(f"| {r['path']} |" in md for r in rows)
     pictures = {p.name for p in (directory / "analysis").glob("heatmap_*.png")}
@@ -242,8 +225,9 @@ def test_bad_input_is_one_line_with_nothing_written(tmp_path, capsys):
     assert proc.returncode == 2 and f"{missing}: no such directory" in error_line(proc), proc.stderr[-2000:]
     empty = tmp_path / "empty"
     empty.mkdir()
-    for args, says in (([str(empty)], "is neither a run directory"),
-                       ([str(empty), "--max-pairs", "0"], "--max-pairs 0; allowed")):
+    for args, says in (([str(empty)], "is neither a gated run directory"),
+                       ([str(empty), "--max-pairs", "0"], "--max-pairs 0; allowed"),
+                       ([str(empty), "--split", "dev"], "--split 'dev'; allowed: train, validation, test")):
         assert analyze_command([*args, "--out", str(tmp_path / "out")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and says in err[0], err
