@@ -138,7 +138,7 @@ def set_offline_defaults() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-# ---- the commands: gatedprune-export, gatedprune-sweep, gatedprune-evaluate (and python -m gatedprune <command>)
+# ---- the commands: gatedprune-export, -sweep, -evaluate, -analyze (and python -m gatedprune <command>)
 
 
 def export_command(argv: Sequence[str] | None = None) -> int:
@@ -229,4 +229,38 @@ def evaluate_command(argv: Sequence[str] | None = None) -> int:
     return run_reported(run)
 
 
-COMMANDS = {"train": train_command, "export": export_command, "sweep": sweep_command, "evaluate": evaluate_command}
+def analyze_command(argv: Sequence[str] | None = None) -> int:
+    """``gatedprune-analyze DIR``: every attention head's gate, importance, ablation effect and attention pattern."""
+    import argparse
+    from pathlib import Path
+
+    from gatedprune.analyze import DEFAULT_MAX_PAIRS, analyze, write_report
+
+    parser = argparse.ArgumentParser(
+        prog="gatedprune-analyze",
+        description="A report of every attention head (heads.csv, heads.md, layer x head heatmaps): gate, Michel "
+                    "importance, loss increase when removed alone, attention confidence, entropy, positional and "
+                    "rare-token attention.",
+    )
+    parser.add_argument("source", help="a run directory (its last checkpoint, gates included) or a model directory "
+                                       "(an export, or any Hugging Face seq2seq model)")
+    parser.add_argument("overrides", nargs="*", help="the trainer's data options (a model outside a run needs them, "
+                                                     "e.g. data=files data.files.validation=dev.tsv)")
+    parser.add_argument("--split", default="validation", help="train, validation or test (default validation)")
+    parser.add_argument("--max-pairs", type=int, default=DEFAULT_MAX_PAIRS,
+                        help=f"analyse the first N pairs of the split (default {DEFAULT_MAX_PAIRS})")
+    parser.add_argument("--out", default=None, help="where to write (default SOURCE/analysis)")
+    args = parser.parse_intermixed_args(argv)
+    set_offline_defaults()
+
+    def run() -> None:
+        report = analyze(args.source, args.split, args.max_pairs, args.overrides)
+        written = write_report(report, Path(args.out) if args.out else Path(args.source) / "analysis")
+        print(f"{len(report.rows)} heads, {report.about['pairs']} {args.split} pairs: wrote "
+              f"{', '.join(str(p) for p in written[:2])} and {len(written) - 2} heatmaps in {written[0].parent}")
+
+    return run_reported(run)
+
+
+COMMANDS = {"train": train_command, "export": export_command, "sweep": sweep_command, "evaluate": evaluate_command,
+            "analyze": analyze_command}

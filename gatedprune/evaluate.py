@@ -7,7 +7,8 @@ Hugging Face seq2seq directory, pruned by gatedprune or not, on a split of any d
 
 e.g. ``gatedprune-evaluate outputs/<date>/<time>/pruned --num-beams 4`` (the Bible test split) or
 ``gatedprune-evaluate my-model data=files data.files.train=train.tsv data.files.validation=dev.tsv
-data.files.test=test.tsv``. It prints a table and writes ``eval.json`` (``--out``).
+data.files.test=test.tsv``. A model directory inside a run (its export, ``<run>/pruned``) is scored on the run's
+data (``train_config``). It prints a table and writes ``eval.json`` (``--out``).
 """
 
 from __future__ import annotations
@@ -65,14 +66,19 @@ def corpus_scores(hyps: list[str], refs: list[str]) -> dict:
     }
 
 
-def teacher_forced_logits(model, batch: dict) -> torch.Tensor:
-    """The model's next-token logits for the targets of ``batch`` (``labels``: (B, T), -100 on padding).  # (B, T, V)"""
+def teacher_forced_inputs(model, batch: dict) -> dict:
+    """The keyword arguments of a teacher-forced forward pass over ``batch`` (``labels``: (B, T), -100 on padding)."""
     labels = batch["labels"]
     # decoder inputs as the family's own forward builds them from labels (mBART starts with the EOS it wraps);
     # building them here spares the cross-entropy the model would compute when given labels
     shift = getattr(model, "prepare_decoder_input_ids_from_labels", None)
     targets = {"decoder_input_ids": shift(labels=labels)} if shift is not None else {"labels": labels}
-    return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **targets).logits
+    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], **targets}
+
+
+def teacher_forced_logits(model, batch: dict) -> torch.Tensor:
+    """The model's next-token logits for the targets of ``batch``.  # (B, T, V)"""
+    return model(**teacher_forced_inputs(model, batch)).logits
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0,
@@ -167,30 +173,78 @@ def load_seq2seq(model_dir: str | Path):
     return transformers.AutoModelForSeq2SeqLM.from_pretrained(model_dir)
 
 
-def evaluate_dir(model_dir: str | Path, split: str = "test", overrides: Sequence[str] = (),
-                 num_beams: int | None = None, batch_size: int | None = None) -> dict:
-    """Score the model in ``model_dir`` on ``split`` of the data the trainer's config (with ``overrides``) names.
+RUN_RECORD = ".hydra"  # where Hydra records a run's config (config.yaml) and its command line (overrides.yaml)
 
-    The model's own tokenizer (in ``model_dir``) tokenises the data; decoding is the trainer's test decoding
-    (``test_generation``), with ``num_beams`` and ``batch_size`` if given.
+
+def run_of(path: str | Path) -> Path | None:
+    """The run directory ``path`` is, or lies in (a gated run's export ``<run>/pruned``, a baseline's level
+    ``<run>/levels/<n>_heads``): the first of ``path``, its parent and grandparent that holds Hydra's record of a
+    run's config; None for a directory outside any run."""
+    path = Path(path)
+    if not path.is_dir():
+        return None
+    return next((d for d in (path, *path.resolve().parents[:2]) if (d / RUN_RECORD / "config.yaml").is_file()), None)
+
+
+def train_config(model_dir: str | Path, overrides: Sequence[str] = ()):
+    """The trainer's config that names the data (and test decoding) for the model in ``model_dir``.
+
+    A run directory, or a model directory inside one (its export), is scored on its run's data: the config the
+    run recorded, or, with ``overrides``, the run's own command line (``.hydra/overrides.yaml``) followed by them.
+    Any other model: the trainer's defaults with ``overrides``. Splits of ``data=files`` left unset are None.
     """
     from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
-    from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
     from gatedprune.cli import one_line
 
-    try:
-        with initialize_config_module("gatedprune.conf", version_base="1.3"):
-            cfg = compose("train", overrides=[*overrides, "paths.output_dir=."])
-    except HydraException as err:  # a mistyped override: the trainer's one-line wording
-        cause = f": {one_line(str(err.__cause__))}" if err.__cause__ is not None else ""
-        raise ValueError(one_line(str(err)) + cause) from None
+    run = run_of(model_dir)
+    if run is not None and not overrides:
+        cfg = OmegaConf.load(run / RUN_RECORD / "config.yaml")
+        # recorded as ${hydra:runtime.output_dir}, which only resolves inside a running Hydra app
+        OmegaConf.update(cfg, "paths.output_dir", str(run), force_add=True)
+    else:
+        recorded = run / RUN_RECORD / "overrides.yaml" if run is not None else None
+        before = [str(o) for o in OmegaConf.load(recorded)] if recorded is not None and recorded.is_file() else []
+        try:
+            with initialize_config_module("gatedprune.conf", version_base="1.3"):
+                cfg = compose("train", overrides=[*before, *overrides, "paths.output_dir=."])
+        except HydraException as err:  # a mistyped override: the trainer's one-line wording
+            cause = f": {one_line(str(err.__cause__))}" if err.__cause__ is not None else ""
+            raise ValueError(one_line(str(err)) + cause) from None
     files = cfg.data.get("files")
     for name in list(files or {}):  # data=files: the splits not given are not needed here
         if OmegaConf.is_missing(files, name):
             files[name] = None
+    return cfg
+
+
+def split_data(cfg, tokenizer_path: str | Path, split: str):
+    """The data module of ``cfg.data``, set up with the tokenizer at ``tokenizer_path``; it must have ``split`` (the
+    source's other splits come along where it has them)."""
+    from hydra.utils import instantiate
+
+    if split not in ("train", "validation", "test"):
+        raise ValueError(f"--split {split!r}; allowed: train, validation, test")
+    data = instantiate(cfg.data, tokenizer_path=str(tokenizer_path), required_splits=[split], _convert_="all")
+    data.setup("test")
+    if split not in data.datasets:
+        raise ValueError(f"data source {data.source!r} has no {split!r} split; give one (e.g. data.files.{split}=...)")
+    return data
+
+
+def evaluate_dir(model_dir: str | Path, split: str = "test", overrides: Sequence[str] = (),
+                 num_beams: int | None = None, batch_size: int | None = None) -> dict:
+    """Score the model in ``model_dir`` on ``split`` of its data (``train_config``: its run's, or the trainer's
+    defaults with ``overrides``).
+
+    The model's own tokenizer (in ``model_dir``) tokenises the data; decoding is the trainer's test decoding
+    (``test_generation``), with ``num_beams`` and ``batch_size`` if given.
+    """
+    from hydra.utils import instantiate
+
+    cfg = train_config(model_dir, overrides)
     gen = instantiate(cfg.test_generation, _convert_="all")
     if num_beams is not None or batch_size is not None:
         gen = GenerationConfig(**{**asdict(gen), **({"num_beams": num_beams} if num_beams else {}),
@@ -198,10 +252,6 @@ def evaluate_dir(model_dir: str | Path, split: str = "test", overrides: Sequence
     if split not in ("train", "validation", "test"):
         raise ValueError(f"--split {split!r}; allowed: train, validation, test")
     model = load_seq2seq(model_dir)
-    data = instantiate(cfg.data, tokenizer_path=str(model_dir), required_splits=[split], _convert_="all")
-    tokenizer = data.prepare_tokenizer()  # the model's own
-    data.setup("test")
-    if split not in data.datasets:
-        raise ValueError(f"data source {data.source!r} has no {split!r} split; give one (e.g. data.files.{split}=...)")
-    result = score(model, tokenizer, data.loader(split, gen.batch_size, shard=False), gen)
+    data = split_data(cfg, model_dir, split)  # the model's own tokenizer
+    result = score(model, data.tokenizer, data.loader(split, gen.batch_size, shard=False), gen)
     return {"model": str(model_dir), "split": split, "data": data.describe(), **result}

@@ -1,42 +1,115 @@
-"""Pictures of gates: a layer x head heatmap, one panel per attention kind."""
+"""Layer x head heatmaps, one panel per attention kind: the gates during training, the head report's measures."""
 
 from __future__ import annotations
 
+import io
+import math
+import textwrap
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from gatedprune.head_gates import HeadGates  # noqa: E402
+from gatedprune.utils import atomic_write_bytes  # noqa: E402
+
+# {kind: [(layer, one value per head, None or nan where the layer has no such head), ...]}
+Panels = Mapping[str, Sequence[tuple[int, Sequence[float | None]]]]
+MISSING_COLOUR = "0.82"  # heads a layer does not have (pruned away, or fewer than the widest layer): light grey
+
+
+def _grid(rows: Sequence[tuple[int, Sequence[float | None]]]) -> np.ndarray:
+    """The rows of one panel padded with nan to its widest layer.  # (L, H)"""
+    width = max((len(values) for _, values in rows), default=0)
+    grid = np.full((len(rows), max(width, 1)), np.nan)
+    for i, (_, values) in enumerate(rows):
+        grid[i, : len(values)] = [np.nan if v is None else float(v) for v in values]
+    return grid
+
+
+def head_heatmap(panels: Panels, *, label: str, title: str | None = None, vmin: float | None = None,
+                 vmax: float | None = None, cmap: str = "viridis", marks: Panels | None = None,
+                 panel_titles: Mapping[str, str] | None = None) -> Figure:
+    """A figure of one value per head: a panel per kind (layer down, head across), one colour bar for all.
+
+    Heads a layer does not have are grey; ``marks`` (same shape, truthy values) are crossed out. ``vmin``/``vmax``
+    default to the range of the values. Constrained layout keeps the title, panel titles, tick labels, axis
+    labels and colour bar clear of each other whatever the number of layers and heads.
+    """
+    grids = {kind: _grid(rows) for kind, rows in panels.items() if rows}
+    if not grids:
+        raise ValueError("a heatmap needs at least one panel with one layer")
+    finite = np.concatenate([g[np.isfinite(g)] for g in grids.values()])
+    low = vmin if vmin is not None else (float(finite.min()) if finite.size else 0.0)
+    high = vmax if vmax is not None else (float(finite.max()) if finite.size else 1.0)
+    if not high > low:
+        high = low + 1.0
+    colours = plt.get_cmap(cmap).with_extremes(bad=MISSING_COLOUR)
+    widths = [g.shape[1] for g in grids.values()]
+    layers = max(g.shape[0] for g in grids.values())
+    # cells of about `cell` inches in every panel: panel widths follow their head counts, and each panel adds room
+    # for its layer labels; the colour bar and the titles get their own room
+    cell = 0.4
+    across = min(cell, 12.0 / sum(widths))  # many heads: narrower cells, so the figure stays about a page wide
+    lines = len(title.splitlines()) if title else 0
+    fig = plt.figure(
+        figsize=(max(4.5, sum(across * w + 0.8 for w in widths) + 1.2), cell * layers + 1.3 + 0.2 * lines),
+        layout="constrained",
+    )
+    axes = fig.subplots(1, len(grids), squeeze=False, width_ratios=widths)[0]
+    image = None
+    for ax, (kind, grid) in zip(axes, grids.items()):
+        rows = panels[kind]
+        image = ax.imshow(np.ma.masked_invalid(grid), vmin=low, vmax=high, cmap=colours, aspect="auto",
+                          interpolation="nearest")
+        if marks and marks.get(kind):
+            crossed = _grid(marks[kind])
+            ys, xs = np.nonzero(np.nan_to_num(crossed) > 0)
+            ax.scatter(xs, ys, marker="x", color="red", s=30, linewidths=1.2)
+        ax.set_title((panel_titles or {}).get(kind, kind), fontsize=10)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=min(grid.shape[1], 16), integer=True))
+        ax.set_yticks(range(len(rows)), [str(layer) for layer, _ in rows])
+        ax.tick_params(labelsize=8)
+    fig.colorbar(image, ax=list(axes), label=label, aspect=max(5, 4 * layers), fraction=0.05)
+    if title:  # wrapped to the figure's width (about 12 characters per inch at this size), so none is cut off
+        width = fig.get_size_inches()[0]
+        fig.suptitle("\n".join(textwrap.fill(line, int(12 * width)) for line in title.splitlines()), fontsize=10)
+    return fig
+
+
+def save_figure(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
+    """Write ``fig`` as a PNG at ``path`` (through a temporary file: never half a picture) and close it."""
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format="png", dpi=dpi)
+    finally:
+        plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+    return Path(path)
 
 
 @torch.no_grad()
 def save_gate_heatmap(gates: HeadGates, path: Path, step: int | None = None) -> Path:
     """Save P(open) per head as a heatmap; heads that the binary rule removes are marked with a cross."""
-    p_open = gates.by_kind([gate.p_open().cpu() for gate in gates.gates])
-    kept = gates.by_kind([gate.binary().cpu().bool() for gate in gates.gates])
-    # constrained layout keeps the title, panel titles, axis labels and colour bar clear of each other
-    fig, axes = plt.subplots(1, len(p_open), figsize=(3.4 * len(p_open) + 1.2, 3.6), squeeze=False,
-                             layout="constrained")
-    for ax, kind in zip(axes[0], p_open):
-        rows = p_open[kind]
-        image = ax.imshow(torch.stack([v for _, v in rows]), vmin=0, vmax=1, cmap="viridis", aspect="auto")  # (L, H)
-        closed = ~torch.stack([v for _, v in kept[kind]])
-        ys, xs = torch.nonzero(closed, as_tuple=True)
-        ax.scatter(xs, ys, marker="x", color="red", s=30)
-        ax.set_title(f"{kind}: {int((~closed).sum())}/{closed.numel()} kept")
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
-        ax.set_xticks(range(closed.shape[1]))
-        ax.set_yticks(range(closed.shape[0]), [str(layer) for layer, _ in rows])
-    fig.colorbar(image, ax=axes[0].tolist(), label="P(open)")
-    if step is not None:
-        fig.suptitle(f"gates at step {step} (x: removed by log_alpha <= 0)")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    p_open = gates.by_kind([gate.p_open().cpu().tolist() for gate in gates.gates])
+    closed = gates.by_kind([(gate.binary() == 0).cpu().tolist() for gate in gates.gates])
+    titles = {kind: f"{kind}: {sum(not c for _, row in closed[kind] for c in row)}/"
+                    f"{sum(len(row) for _, row in closed[kind])} kept" for kind in closed}
+    fig = head_heatmap(p_open, label="P(open)", vmin=0, vmax=1, marks=closed, panel_titles=titles,
+                       title=None if step is None else f"gates at step {step} (x: removed by log_alpha <= 0)")
+    return save_figure(fig, path)
+
+
+def symmetric_range(values: Sequence[float | None]) -> tuple[float, float]:
+    """(-m, m) for the largest |value| m: a diverging colour map then puts 0 in its middle."""
+    m = max((abs(v) for v in values if v is not None and math.isfinite(v)), default=0.0)
+    return (-m, m) if m > 0 else (-1.0, 1.0)

@@ -15,7 +15,8 @@ from hydra import compose, initialize_config_dir
 from helpers import ROOT, offline_env
 
 TRAIN = ("train.py", "gatedprune-train", "gatedprune.train")
-TOOLS = ("gatedprune-export", "gatedprune-sweep", "gatedprune-evaluate")  # also as python -m gatedprune <command>
+# also as python -m gatedprune <command> (and python -m gatedprune.<command>)
+TOOLS = ("gatedprune-export", "gatedprune-sweep", "gatedprune-evaluate", "gatedprune-analyze")
 TESTED_ELSEWHERE = ("pip ",)  # building and installing the wheel: tests/test_wheel.py
 
 
@@ -41,8 +42,9 @@ def _program(words: list[str]) -> tuple[str, list[str]]:
     """(what runs, its arguments): "train", a tool's module, "make" or "pip"."""
     if words[0].endswith("python") and words[1:3] == ["-m", "gatedprune"]:  # python -m gatedprune export ...
         return f"gatedprune-{words[3]}", words[4:]
-    if words[0].endswith("python") and words[1] == "-m":
-        return words[2], words[3:]
+    if words[0].endswith("python") and words[1] == "-m":  # python -m gatedprune.analyze ...: the tool
+        tool = words[2].replace("gatedprune.", "gatedprune-", 1)
+        return tool if tool in TOOLS else words[2], words[3:]
     if words[0].endswith("python"):
         return words[1], words[2:]
     return words[0], words[1:]
@@ -62,7 +64,7 @@ def _first_values(override: str) -> str:
 
 def test_the_readme_shows_commands_of_every_kind():
     programs = {_program(shlex.split(c))[0] for c in COMMANDS}
-    assert {"make", "train.py", "gatedprune-train", "gatedprune-export", "gatedprune-sweep", "gatedprune-evaluate"} <= programs, programs
+    assert {"make", "train.py", "gatedprune-train", *TOOLS} <= programs, programs
 
 
 @pytest.mark.parametrize("command", COMMANDS)
