@@ -8,6 +8,7 @@ every family and attention implementation (eager, sdpa), unlike ``head_mask``, w
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import torch
@@ -54,6 +55,12 @@ class HeadGates(nn.Module):
             raise ValueError(f"unknown gate mode {mode!r}; allowed: {', '.join(GATE_MODES)}")
         self.mode = mode
         return self
+
+    def set_temperature(self, temperature: float) -> None:
+        """Every gate's hard-concrete temperature (annealing): the other constants stay."""
+        self.options = dataclasses.replace(self.options, temperature=temperature)
+        for gate in self.gates:
+            gate.options = self.options
 
     def remove(self) -> None:
         """Detach every hook; the model computes as if it had never been gated."""

@@ -118,6 +118,8 @@ class GatedSeq2Seq(L.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         self.gates.set_mode(self._train_gate_mode())
+        if self.gating:
+            self.gates.set_temperature(self.pruning.temperature(self.global_step - self.pruning.start_step))
         if self.teacher is not None and self.gating:
             ce, loss = self._distilled(batch)
         else:
@@ -125,7 +127,7 @@ class GatedSeq2Seq(L.LightningModule):
         if self.gating:
             penalty, logs = self.pruning.penalty(self.gates, self.budget, self.global_step - self.pruning.start_step)
             loss = loss + penalty
-            self.log_dict(logs, batch_size=1)
+            self.log_dict({**logs, "train/gate_temperature": self.gates.options.temperature}, batch_size=1)
         ntokens = int((batch["labels"] != -100).sum())
         self.log("train/ce", ce, prog_bar=True, batch_size=ntokens)
         self.log("train/loss", loss, batch_size=ntokens)

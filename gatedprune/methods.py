@@ -13,6 +13,7 @@ learning rate and hard-concrete constants) lives in ``GatedPruning``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
@@ -41,6 +42,9 @@ class GatedPruning:
     # to trainer.max_steps. Every gated validation records how many heads changed side and how many gates are unsettled
     stop_when_stable: int | None = None
     gates: GateOptions = field(default_factory=GateOptions)  # the hard-concrete constants
+    # anneal the gates' temperature geometrically from gates.temperature to this over the gated phase (None: fixed);
+    # a lower temperature makes the samples closer to 0 or 1, so training sees the binary plan's noise less
+    final_temperature: float | None = None
     distill: DistillOptions = field(default_factory=DistillOptions)  # from the dense model, while gating
 
     def __post_init__(self) -> None:
@@ -55,6 +59,9 @@ class GatedPruning:
             raise ValueError(f"pruning.start_step={self.start_step} is negative; allowed: an integer >= 0")
         if self.stop_when_stable is not None and self.stop_when_stable < 1:
             raise ValueError(f"pruning.stop_when_stable={self.stop_when_stable}; allowed: null or an integer >= 1")
+        if self.final_temperature is not None and not (0 < self.final_temperature < math.inf):
+            raise ValueError(f"pruning.final_temperature={self.final_temperature}; allowed: null or a number > 0")
+        self._gated_steps: int | None = None  # set by check_schedule: trainer.max_steps - start_step
         if self.eval_gate_mode not in GATE_MODES:
             raise ValueError(f"pruning.eval_gate_mode={self.eval_gate_mode!r}; allowed: {', '.join(GATE_MODES)}")
 
@@ -75,6 +82,16 @@ class GatedPruning:
 
     def check_schedule(self, max_steps: int | None) -> None:
         """Refuse a schedule the method cannot work in (called at set-up with ``trainer.max_steps``)."""
+        self._gated_steps = max_steps - self.start_step if max_steps and max_steps > 0 else None
+
+    def temperature(self, gated_step: int) -> float:
+        """The gates' temperature at a gated step: ``gates.temperature``, annealed geometrically to
+        ``final_temperature`` at the end of the gated phase when that is set."""
+        start = self.gates.temperature
+        if self.final_temperature is None or not self._gated_steps or self._gated_steps < 1:
+            return start
+        progress = min(1.0, gated_step / self._gated_steps)
+        return start * (self.final_temperature / start) ** progress
 
     def describe(self, state: nn.Module | None) -> dict:
         """The method's own settings for metrics.json (keys shared by all methods, None where they do not apply)."""
@@ -134,6 +151,7 @@ class L0Budget(GatedPruning):
                 f"pruning=l0_budget with no gated step (trainer.max_steps={max_steps}, pruning.start_step="
                 f"{self.start_step}); allowed: trainer.max_steps > pruning.start_step"
             )
+        super().check_schedule(max_steps)
         if self.target_warmup_steps > gated_steps:
             print(
                 f"warning: pruning.target_warmup_steps={self.target_warmup_steps} is longer than the gated phase "

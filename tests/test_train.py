@@ -10,7 +10,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.strategies import DDPStrategy
 
 from gatedprune.train import train
-from helpers import ROOT, compose_train
+from helpers import ROOT, compose_train, run_train
 
 CONF = ROOT / "conf"
 
@@ -130,3 +130,24 @@ def test_plan_changes_are_counted_per_validation(smoke_run):
     closed = metrics["heads_total"] - metrics["gated"]["heads_alive"]["total"]
     assert changes[0]["changed"] + changes[1]["changed"] >= closed  # every closed head changed side at least once
     assert metrics["convergence"]["unconverged_gates"] >= 0
+
+
+def test_gate_temperature_anneals_geometrically_over_the_gated_phase(tmp_path):
+    import csv
+
+    from gatedprune.methods import L0
+
+    method = L0(start_step=10, final_temperature=0.1)
+    method.check_schedule(110)  # 100 gated steps
+    start = method.gates.temperature
+    assert method.temperature(0) == start and method.temperature(100) == pytest.approx(0.1)
+    assert method.temperature(50) == pytest.approx((start * 0.1) ** 0.5)  # geometric: the mean of the logs
+    assert method.temperature(500) == pytest.approx(0.1) and L0().temperature(50) == start  # held; off by default
+    with pytest.raises(ValueError, match="pruning.final_temperature=0"):
+        L0(final_temperature=0)
+    # in a run the gates sample at the annealed temperature: the last gated step's is logged
+    proc = run_train(tmp_path / "run", "pruning.final_temperature=0.05")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = list(csv.DictReader((tmp_path / "run" / "csv" / "metrics.csv").open()))
+    logged = [(int(r["step"]), float(r["train/gate_temperature"])) for r in rows if r.get("train/gate_temperature")]
+    assert logged and logged[-1][1] < start and all(b <= a for (_, a), (_, b) in zip(logged, logged[1:]))
