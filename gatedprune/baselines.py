@@ -96,6 +96,14 @@ class PlanMethod:
     def levels(self, probe: HeadProbe) -> list[Level]:
         raise NotImplementedError
 
+    def choose_by_bleu(self) -> bool:
+        """Whether ``choose`` needs every level's validation BLEU (else every level is exported)."""
+        return False
+
+    def choose(self, scored: list[tuple[Level, float]], dense_bleu: float) -> list[Level]:
+        """The levels to export, given each level's validation BLEU and the unpruned model's."""
+        return [level for level, _ in scored]
+
     def describe(self) -> dict:
         """The method's settings for metrics.json."""
         return {"name": self.label(), **asdict(self)}
@@ -149,10 +157,11 @@ class Michel(PlanMethod):
             levels.append(Level(count, kept, {"importance_estimates": estimates}))
         return levels
 
+    def choose_by_bleu(self) -> bool:
+        return self.max_bleu_loss is not None
+
     def choose(self, scored: list[tuple[Level, float]], dense_bleu: float) -> list[Level]:
-        """The levels to export: all, or the smallest within ``max_bleu_loss`` of the dense model's BLEU."""
-        if self.max_bleu_loss is None:
-            return [level for level, _ in scored]
+        """The smallest level within ``max_bleu_loss`` of the dense model's validation BLEU."""
         within = [level for level, bleu in scored if dense_bleu - bleu <= self.max_bleu_loss]
         return within[-1:]
 

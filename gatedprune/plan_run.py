@@ -2,8 +2,8 @@
 
 The model comes from ``resume=`` (a dense run or its checkpoint: its weights; any gates in it are ignored) or from
 ``model=pretrained``. The method asks a ``MaskedModel`` what it needs (loss, BLEU, importance with some heads
-masked) and returns its levels; each level is scored on the validation split as masked, and the levels the method
-exports go through the same export, verification, reload, test scoring and fine-tuning as a gated run's
+masked) and returns its levels. The levels it exports (all, or those it chooses by their masked validation BLEU)
+go through the same export, verification, reload, test scoring and fine-tuning as a gated run's
 (``finalise.ship``), each into ``<run>/levels/<heads>_heads/`` with its own ``metrics.json``. The run's
 ``metrics.json`` describes the last level exported (the fewest heads) and lists every level.
 """
@@ -114,15 +114,15 @@ def run(cfg: DictConfig, run_dir: Path, method: PlanMethod, module: GatedSeq2Seq
     seconds = time.perf_counter() - start
     print(f"{method.label()}: {len(levels)} levels in {seconds:.1f} s ({probe.evaluations} model evaluations)")
 
-    scored = []  # each level as masked, on the whole validation split
-    for level in levels:
-        gates.fix_(probe.plan(level.kept)).set_mode("binary")
-        masked = module.score_split(model, "validation", datamodule)
-        level.info.update(masked_bleu=masked["bleu"], masked_chrf=masked["chrf"], masked_loss=masked["loss"])
-        scored.append((level, masked["bleu"]))
-    chosen = method.choose(scored, dense["validation"]["bleu"]) if hasattr(method, "choose") else levels
-    if not chosen:
-        raise ValueError(f"{method.label()}: no level to export (pruning.max_bleu_loss keeps none)")
+    chosen = levels
+    if method.choose_by_bleu():  # the levels as masked, on the whole validation split, to choose from
+        for level in levels:
+            gates.fix_(probe.plan(level.kept)).set_mode("binary")
+            level.info["validation"] = _scores(module.score_split(model, "validation", datamodule))
+        chosen = method.choose([(level, level.info["validation"]["bleu"]) for level in levels],
+                               dense["validation"]["bleu"])
+        if not chosen:
+            raise ValueError(f"{method.label()}: no level to export (pruning.max_bleu_loss keeps none)")
 
     val_pairs = datamodule.pairs["validation"][: cfg.export.samples]
     common = dict(method=method.label(), settings=method.describe(), dense=dense, seconds=seconds,
@@ -135,6 +135,8 @@ def run(cfg: DictConfig, run_dir: Path, method: PlanMethod, module: GatedSeq2Seq
         started = time.perf_counter()
         shipped = ship(cfg, module, datamodule, tuning, val_pairs, run_dir, device, rule="binary", top_k=None,
                        out_dir=level_dir / "pruned", finetune_dir=level_dir / "pruned_finetuned", score_test=has_test)
+        # the exported model computes what the masked one does (verified), so its score is the level's
+        level.info["validation"] = _scores((shipped["finetuned"] or {}).get("validation_before") or shipped["exported"])
         metrics = level_metrics(level, shipped, time.perf_counter() - started, **common)
         metrics["seconds"]["run"] = time.perf_counter() - run_start  # the run up to this level's export
         write_json(level_dir / "metrics.json", metrics)
@@ -150,6 +152,10 @@ def run(cfg: DictConfig, run_dir: Path, method: PlanMethod, module: GatedSeq2Seq
                       "".join(json.dumps({"source": s, "target": t}) + "\n" for s, t in val_pairs))
     print(levels_table(metrics))
     return metrics
+
+
+def _scores(result: dict) -> dict:
+    return {key: result[key] for key in ("bleu", "chrf", "loss")}
 
 
 def level_metrics(level: Level, shipped: dict, ship_seconds: float, *, method: str, settings: dict, dense: dict,
@@ -178,12 +184,13 @@ def level_metrics(level: Level, shipped: dict, ship_seconds: float, *, method: s
 
 
 def levels_table(metrics: dict) -> str:
-    """Every level: heads kept, masked validation BLEU and loss, and the exported model's test BLEU."""
-    rows = [(level["heads"], f"{level['masked_bleu']:.2f}", f"{level['masked_loss']:.3f}",
+    """Every level: heads kept, validation BLEU and loss (before any fine-tuning), the exported model's test BLEU."""
+    rows = [(level["heads"], *((f"{level['validation']['bleu']:.2f}", f"{level['validation']['loss']:.3f}")
+                               if "validation" in level else ("-", "-")),
              "-" if level["test_bleu"] is None else f"{level['test_bleu']:.2f}") for level in metrics["levels"]]
     dense = metrics["dense"]
     rows.insert(0, (metrics["heads_total"], f"{dense['bleu']:.2f}", f"{dense['loss']:.3f}",
                     f"{metrics['test']['dense']['bleu']:.2f}" if "dense" in metrics["test"] else "-"))
     return (f"{metrics['method']}: heads kept per level (first row: the model pruned from)\n"
-            + format_table(["heads", "validation BLEU (masked)", "validation loss (masked)", "test BLEU (exported)"],
+            + format_table(["heads", "validation BLEU", "validation loss", "test BLEU (exported)"],
                            rows))

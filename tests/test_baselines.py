@@ -202,6 +202,18 @@ def test_every_method_shows_in_the_sweep_table_and_plot_in_its_own_colour(method
     assert sorted(colours) == sorted(METHOD_RUNS) and len(set(colours.values())) == len(METHOD_RUNS)
 
 
+def test_michel_exports_only_the_smallest_level_within_its_bleu_loss(dense_run, tmp_path):
+    metrics = train(compose_train(tmp_path / "run", "experiment=smoke", f"resume={dense_run}", "pruning=michel",
+                                  "pruning.heads=[12,6,0]", "pruning.eval_pairs=20", "pruning.max_bleu_loss=100"))
+    levels = metrics["levels"]
+    assert [level["exported"] for level in levels] == [False, False, True]  # every level is within 100 BLEU
+    assert all("validation" in level for level in levels) and metrics["heads_alive"]["total"] == 0
+    assert sorted(p.name for p in (tmp_path / "run" / "levels").iterdir()) == ["000_heads"]
+    strict = Michel(max_bleu_loss=0.5)
+    scored = [(level, bleu) for level, bleu in zip("abc", (20.0, 19.6, 19.4))]
+    assert strict.choose(scored, dense_bleu=20.0) == ["b"] and strict.choose(scored, dense_bleu=30.0) == []
+
+
 def test_a_method_fine_tunes_its_levels_when_asked(dense_run, tmp_path):
     metrics = train(compose_train(tmp_path / "run", "experiment=smoke", f"resume={dense_run}", "pruning=random",
                                   "pruning.heads=8", "finetune.steps=3"))
