@@ -166,6 +166,9 @@ class GatedSeq2Seq(L.LightningModule):
     def on_train_start(self) -> None:
         if self.pruning.start_step == 0 and self.global_step == 0 and self.trainer.is_global_zero:
             self.dense_test = self.score_test("the model the run starts from")
+        if self.trainer.ckpt_path and self._plan_is_stable():  # a relaunch of a run that had already stopped
+            print(f"resumed at step {self.global_step}: the plan was already stable, the gated phase stays over")
+            self.trainer.should_stop = True
         if self.trainer.ckpt_path:
             log_alpha = self.gates.log_alpha()
             print(
@@ -273,11 +276,16 @@ class GatedSeq2Seq(L.LightningModule):
         changed = sum(len(set(plan[path]) ^ set(self._last_plan[path])) for path in plan)
         self._last_plan = plan
         self.plan_changes.append({"step": self.global_step, "changed": changed, "unconverged": self.gates.unconverged()})
+        if self._plan_is_stable():
+            print(f"the plan has not changed for {self.pruning.stop_when_stable} validations: the gated phase ends at "
+                  f"step {self.global_step}")
+            self.trainer.should_stop = True
+
+    def _plan_is_stable(self) -> bool:
+        """No head changed side for ``stop_when_stable`` validations in a row (False when that is not set)."""
         patience = self.pruning.stop_when_stable
         recent = [entry["changed"] for entry in self.plan_changes[-patience:]] if patience else []
-        if patience and len(recent) == patience and not any(recent):
-            print(f"the plan has not changed for {patience} validations: the gated phase ends at step {self.global_step}")
-            self.trainer.should_stop = True
+        return bool(patience) and len(recent) == patience and not any(recent)
 
     def score_test(self, what: str) -> dict | None:
         """The test-split score of the model as it is now, gates open (the dense model); None without a test split.

@@ -121,6 +121,10 @@ def test_the_gated_phase_ends_once_the_plan_is_stable(tmp_path):
     assert metrics["steps"] == 14 and [c["step"] for c in changes] == [12, 14]
     assert [c["changed"] for c in changes] == [0, 0] and metrics["convergence"]["stop_when_stable"] == 2
     assert torch.load(metrics["checkpoint"], weights_only=True)["global_step"] == 14
+    # relaunched in the same directory (a requeued job), it does not train on: the plan was stable already
+    again = train(compose_train(tmp_path, "experiment=smoke", "trainer.val_check_interval=2",
+                                "pruning.stop_when_stable=2", "pruning.l0_lambda=0", "export.enabled=false"))
+    assert again["steps"] == 14 and again["convergence"]["plan_changes"] == changes
 
 
 def test_plan_changes_are_counted_per_validation(smoke_run):
