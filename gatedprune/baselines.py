@@ -23,6 +23,7 @@ from typing import ClassVar, Protocol
 import torch
 
 from gatedprune.adapters import ATTENTION_KINDS, check_kinds
+from gatedprune.budget import head_count
 from gatedprune.distill import DistillOptions
 from gatedprune.importance import rank_heads
 from gatedprune.utils import check_numbers
@@ -53,16 +54,10 @@ class Level:
 
 def head_counts(spec, total: int, name: str) -> list[int]:
     """Head counts, largest first: each entry a count or a fraction in (0, 1) of the ``total`` gated heads."""
-    values = spec if isinstance(spec, (list, tuple)) else [spec]
-    counts = []
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"{name}={value!r}; allowed: head counts from 0 to {total} or fractions in (0, 1)")
-        count = round(value * total) if isinstance(value, float) and 0 < value < 1 else value
-        if count != int(count) or not 0 <= count <= total:
-            raise ValueError(f"{name}={value!r}; allowed: head counts from 0 to {total} or fractions in (0, 1)")
-        counts.append(int(count))
-    return sorted(set(counts), reverse=True)
+    values = list(spec) if isinstance(spec, (list, tuple)) else [spec]
+    if not values:
+        raise ValueError(f"{name}=[]; allowed: one or more head counts from 0 to {total} or fractions in (0, 1)")
+    return sorted({head_count(value, total, f"{name}={value!r}") for value in values}, reverse=True)
 
 
 @dataclass
@@ -132,6 +127,12 @@ class Michel(PlanMethod):
             raise ValueError(f"pruning.step={self.step}; allowed: a fraction of all gated heads in (0, 1]")
         if self.max_bleu_loss is not None and not self.max_bleu_loss >= 0:
             raise ValueError(f"pruning.max_bleu_loss={self.max_bleu_loss}; allowed: null or a number >= 0")
+
+    def check(self, total: int) -> None:
+        super().check(total)
+        if not self.schedule(total):
+            raise ValueError(f"pruning.min_heads={self.min_heads} leaves no level to prune to (the model has {total} "
+                             "gated heads); allowed: fewer heads than that")
 
     def schedule(self, total: int) -> list[int]:
         """Heads kept at each level, largest first."""
@@ -211,7 +212,8 @@ class AStar(PlanMethod):
             levels.append(Level(count, kept, {
                 "metric": self.metric, "metric_change": path.changes[i], "budget_spent": path.spent[i],
                 "budget": self.budget, "evaluations": path.evaluations[i],
-                "exhaustive_evaluations": path.exhaustive[i], "stopped_by": path.stopped_by,
+                "exhaustive_evaluations": path.exhaustive[i],
+                **({"stopped_by": path.stopped_by} if i == len(path.kept_counts) - 1 else {}),
             }))
         return levels
 
@@ -240,6 +242,7 @@ def search(heads: list[Head], worse: Callable[[list[Head]], float], budget: floa
     in an earlier round is its lower bound now (costs grow as heads go, Parnami et al.'s heuristic): the heads are
     evaluated cheapest bound first, and a round ends as soon as no bound can beat the best cost found, or no bound
     fits what is left of the budget. Without ``lazy``, every head is evaluated every round (exhaustive greedy).
+    Ties go to the head listed first, as in exhaustive greedy.
     """
     kept = list(heads)
     base = current = worse(kept)
@@ -254,15 +257,16 @@ def search(heads: list[Head], worse: Callable[[list[Head]], float], budget: floa
         best = None  # (cost, index, head, metric value)
         while queue:
             low, i, head = heapq.heappop(queue)
-            if lazy and (low > remaining or (best is not None and low >= best[0])):
-                break  # no head left in the queue can fit the budget or beat the best one
+            if lazy and (low > remaining or (best is not None and (low, i) > best[:2])):
+                break  # no head left in the queue can fit the budget, or beat (or tie with an earlier) the best one
             value = worse([h for h in kept if h != head])
             evaluations += 1
             bound[head] = cost = max(0.0, value - current)
             if best is None or (cost, i) < best[:2]:
                 best = (cost, i, head, value)
-        if best is None or best[0] > remaining:
+        if best is None or best[0] > remaining:  # this round's evaluations proved it: they count for where it stops
             path.stopped_by = "budget"
+            path.evaluations[-1], path.exhaustive[-1] = evaluations, exhaustive
             break
         cost, _, head, current = best
         remaining -= cost

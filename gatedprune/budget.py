@@ -12,8 +12,6 @@ over ``warmup_steps`` gated steps. At export, the top-k rule keeps exactly the t
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
@@ -21,6 +19,15 @@ from gatedprune.adapters import ATTENTION_KINDS
 from gatedprune.head_gates import HeadGates
 
 TargetSpec = int | float | dict
+
+
+def head_count(value, total: int, name: str) -> int:
+    """A number of heads out of ``total``: a count (an integer) or a fraction in (0, 1) of them, rounded;
+    ``ValueError`` starting with ``name`` for anything else."""
+    fraction = isinstance(value, float) and 0 < value < 1
+    if isinstance(value, bool) or not (isinstance(value, int) or fraction) or not 0 <= value <= total:
+        raise ValueError(f"{name}: allowed a count from 0 to the {total} gated heads there, or a fraction in (0, 1)")
+    return round(value * total) if fraction else value
 
 
 def resolve_targets(target_heads: TargetSpec, gates: HeadGates) -> dict[str, int]:
@@ -35,15 +42,8 @@ def resolve_targets(target_heads: TargetSpec, gates: HeadGates) -> dict[str, int
         if group not in heads:
             allowed = ", ".join(k for k in ATTENTION_KINDS if k in heads)
             raise ValueError(f"pruning.target_heads names {group!r}, which is not gated; allowed: {allowed}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"pruning.target_heads[{group}]={value!r}; allowed: a head count or a fraction in (0, 1)")
-        count = round(value * heads[group]) if isinstance(value, float) and 0 < value < 1 else value
-        if count != int(count) or not 0 <= count <= heads[group]:
-            raise ValueError(
-                f"pruning.target_heads={value!r} for {group}: allowed a count from 0 to the {heads[group]} gated "
-                f"heads there, or a fraction in (0, 1)"
-            )
-        targets[group] = int(count)
+        count = head_count(value, heads[group], f"pruning.target_heads={value!r} for {group}")
+        targets[group] = count
     return targets
 
 

@@ -177,13 +177,13 @@ RUN_RECORD = ".hydra"  # where Hydra records a run's config (config.yaml) and it
 
 
 def run_of(path: str | Path) -> Path | None:
-    """The run directory ``path`` is, or lies in (a gated run's export ``<run>/pruned``, a baseline's level
-    ``<run>/levels/<n>_heads``): the first of ``path``, its parent and grandparent that holds Hydra's record of a
+    """The run directory ``path`` is, or lies in (a gated run's export ``<run>/pruned``, a baseline's level export
+    ``<run>/levels/<n>_heads/pruned``): the nearest of ``path`` and its ancestors that holds Hydra's record of a
     run's config; None for a directory outside any run."""
     path = Path(path)
     if not path.is_dir():
         return None
-    return next((d for d in (path, *path.resolve().parents[:2]) if (d / RUN_RECORD / "config.yaml").is_file()), None)
+    return next((d for d in (path, *path.resolve().parents) if (d / RUN_RECORD / "config.yaml").is_file()), None)
 
 
 def train_config(model_dir: str | Path, overrides: Sequence[str] = ()):

@@ -166,7 +166,8 @@ class GatedSeq2Seq(L.LightningModule):
     def on_train_start(self) -> None:
         if self.pruning.start_step == 0 and self.global_step == 0 and self.trainer.is_global_zero:
             self.dense_test = self.score_test("the model the run starts from")
-        if self.trainer.ckpt_path and self._plan_is_stable():  # a relaunch of a run that had already stopped
+        own = self.output_dir / "checkpoints" / "last.ckpt"  # a fork from another run's checkpoint trains on
+        if self.trainer.ckpt_path and Path(self.trainer.ckpt_path).resolve() == own.resolve() and self._plan_is_stable():
             print(f"resumed at step {self.global_step}: the plan was already stable, the gated phase stays over")
             self.trainer.should_stop = True
         if self.trainer.ckpt_path:

@@ -81,8 +81,13 @@ class GatedPruning:
         return "binary", None
 
     def check_schedule(self, max_steps: int | None) -> None:
-        """Refuse a schedule the method cannot work in (called at set-up with ``trainer.max_steps``)."""
+        """Refuse a schedule the method cannot work in, and note the gated phase's length (called at set-up with
+        ``trainer.max_steps``)."""
         self._gated_steps = max_steps - self.start_step if max_steps and max_steps > 0 else None
+        if self.final_temperature is not None and not self._gated_steps:
+            raise ValueError(f"pruning.final_temperature={self.final_temperature} anneals over the gated phase, which "
+                             f"has no end (trainer.max_steps={max_steps}); allowed: a trainer.max_steps > "
+                             f"pruning.start_step")
 
     def temperature(self, gated_step: int) -> float:
         """The gates' temperature at a gated step: ``gates.temperature``, annealed geometrically to
@@ -143,6 +148,7 @@ class L0Budget(GatedPruning):
     def check_schedule(self, max_steps: int | None) -> None:
         """A target ramp longer than the gated phase would never reach the budget: it is shortened to half the gated
         phase (the other half holds the target), and the run says so; a run with no gated step is refused."""
+        super().check_schedule(max_steps)
         if not max_steps or max_steps < 0:
             return
         gated_steps = max_steps - self.start_step
@@ -151,7 +157,6 @@ class L0Budget(GatedPruning):
                 f"pruning=l0_budget with no gated step (trainer.max_steps={max_steps}, pruning.start_step="
                 f"{self.start_step}); allowed: trainer.max_steps > pruning.start_step"
             )
-        super().check_schedule(max_steps)
         if self.target_warmup_steps > gated_steps:
             print(
                 f"warning: pruning.target_warmup_steps={self.target_warmup_steps} is longer than the gated phase "

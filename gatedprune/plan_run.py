@@ -11,6 +11,7 @@ go through the same export, verification, reload, test scoring and fine-tuning a
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -31,12 +32,13 @@ from gatedprune.utils import atomic_write_text, format_table, write_json
 class MaskedModel:
     """The trained model with every gated head behind a fixed 0/1 gate: what a plan keeps, computed without cutting.
 
-    ``loss`` and ``bleu`` use a fixed validation subset (the first ``eval_pairs`` pairs, shortest sources first),
+    ``loss`` and ``bleu`` use a fixed validation subset (whole batches, shortest sources first, until at least
+    ``eval_pairs`` pairs),
     ``importance`` the same batches; ``evaluations`` counts the model evaluations asked for.
     """
 
     def __init__(self, module: GatedSeq2Seq, datamodule, eval_pairs: int, device: torch.device):
-        self.module, self.model, self.gates = module, module.model.to(device).eval(), module.gates
+        self.module, self.model, self.gates = module, module.model.eval(), module.gates  # on ``device`` already
         self.heads: list[Head] = [(path, head) for path, _, _, head in self.gates.index()]
         self.device = device
         batches, taken = [], 0
@@ -83,11 +85,23 @@ class MaskedModel:
         return head_importance(self.model, self.batches, layer_norm_exponent, kinds=self.module.pruning.kinds)
 
 
+def check_dense(path: Path, saved: dict) -> None:
+    """Refuse a checkpoint taken after gating began: its weights learned to work with some heads gated off, and
+    the method would score them as the unpruned model."""
+    start_step = ((saved.get("hyper_parameters") or {}).get("pruning") or {}).get("start_step")
+    if start_step is not None and saved.get("global_step", 0) > start_step:
+        raise ValueError(
+            f"resume={path} was written at step {saved['global_step']}, after its gated phase began (step "
+            f"{start_step}); a method that scores a trained model starts from a dense model: give its dense.ckpt"
+        )
+
+
 def load_weights(module: GatedSeq2Seq, checkpoint: Path | None) -> None:
     """The trained model's weights from ``checkpoint`` (model weights only; gates stay open). The teacher, if
     fine-tuning distils, is this model too."""
     if checkpoint is not None:
         saved = load_checkpoint_file(checkpoint)
+        check_dense(checkpoint, saved)
         module.model.load_state_dict(strip_prefix(saved["state_dict"], "model."))
     if module.teacher is not None:
         module.teacher.load_state_dict(module.model.state_dict())
@@ -98,9 +112,9 @@ def run(cfg: DictConfig, run_dir: Path, method: PlanMethod, module: GatedSeq2Seq
     """Score the model, find the method's levels, export them; returns the run's metrics (also in metrics.json)."""
     run_start = time.perf_counter()
     load_weights(module, checkpoint)
-    model, gates = module.model.to(device).eval(), module.gates
-    if module.teacher is not None:
-        module.teacher.to(device)
+    module.to(device)  # the model, its gates (the masks) and the teacher, if fine-tuning distils
+    model, gates = module.model.eval(), module.gates
+    shutil.rmtree(run_dir / "levels", ignore_errors=True)  # a relaunch with other levels leaves none of the old
     has_test = module.test_generation is not None and "test" in datamodule.datasets
     gates.set_mode("open")
     dense = {"validation": module.score_split(model, "validation", datamodule),

@@ -44,7 +44,10 @@ def find_run_dirs(root: Path) -> list[Path]:
     `levels/`: a run of a method that exports several levels (michel, astar, random) gives one row per level."""
     if any((root / name).exists() for name in (".hydra", "metrics.json", "status.json")):
         levels = sorted((p for p in (root / "levels").glob("*") if (p / "metrics.json").is_file()), key=_natural)
-        return levels or [root]
+        state = _status(root)
+        if levels and state in ("done", None):
+            return levels
+        return [root, *levels]  # a run that failed after some levels: its own row says so
     children = [p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")]
     return [run for child in sorted(children, key=_natural) for run in find_run_dirs(child)]
 
@@ -57,6 +60,8 @@ def read_run(run_dir: Path, root: Path) -> dict:
     try:
         metrics = _read_json(run_dir / "metrics.json")
         state = _read_json(run_dir / "status.json") or {}
+        if run_dir.parent.name == "levels" and metrics is not None:  # an exported level of a run: done as exported
+            state = {"status": "done"}
     except (json.JSONDecodeError, OSError) as err:
         return {**row, "method": "gated", "status": "failed", "error": f"unreadable: {err}"}
 
@@ -255,7 +260,7 @@ def plot_pareto(rows: list[dict], path: Path, title: str = "") -> dict[str, str]
         points.sort(key=lambda r: r["heads_alive"])  # a method's points joined, fewest heads first
         ax.plot([r["heads_alive"] for r in points], [r["bleu"] for r in points], color=f"C{i}", alpha=0.4)
         if method == "gated":
-            for r in points:
+            for r in (r for r in points if r["lambda"] is not None):  # a head budget's runs have no lambda
                 ax.annotate(f"λ={_fmt(r['lambda'], 'g')}", (r["heads_alive"], r["bleu"]), xytext=(4, 4),
                             textcoords="offset points", fontsize=8)
     dense = dense_baseline(rows)
@@ -322,6 +327,13 @@ def _params_kept(metrics: dict) -> int | None:
     if metrics.get("export"):
         return metrics["export"]["params"]
     return metrics.get("params") if metrics.get("method") == "dense" else None
+
+
+def _status(run_dir: Path) -> str | None:
+    try:
+        return (_read_json(run_dir / "status.json") or {}).get("status")
+    except (json.JSONDecodeError, OSError):
+        return "unreadable"
 
 
 def _read_json(path: Path) -> dict | None:

@@ -125,9 +125,12 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
     tuning = _instantiate(cfg.finetune)
     if tuning.distill and pruning.distill.alpha == 0:
         raise ValueError("finetune.distill=true needs a teacher: set pruning.distill.alpha > 0 (it is kept only then)")
+    if not pruning.trains_gates and not cfg.export.enabled:
+        raise ValueError(f"pruning={pruning.name} with export.enabled=false; allowed: export.enabled=true (its levels "
+                         "are exported to <run>/levels/<heads>_heads)")
     if tuning.steps and not cfg.export.enabled:
         raise ValueError(f"finetune.steps={tuning.steps} fine-tunes the exported model; allowed with export.enabled=true")
-    if cfg.export.enabled:
+    if cfg.export.enabled and pruning.trains_gates:  # the other methods export into <run>/levels
         _check_export_rule(cfg.export.rule, cfg.export.top_k)
         check_out_dir(Path(cfg.export.out_dir), protected=[run_dir])
         if tuning.steps:

@@ -87,10 +87,18 @@ def check_numbers(section: str, config, values: dict | None = None) -> None:
         if values is not None and field.name not in values:
             continue
         value = values[field.name] if values is not None else getattr(config, field.name)
-        if is_number(default) or (isinstance(default, tuple) and default and all(map(is_number, default))):
-            numbers = list(value) if isinstance(value, (tuple, list)) else [value]
-        else:
+        annotation = str(field.type)  # a string under ``from __future__ import annotations``
+        numeric = is_number(default) or (isinstance(default, tuple) and default and all(map(is_number, default)))
+        if default is None and ("float" in annotation or "int" in annotation) and not annotation.startswith("dict"):
+            numeric = True  # an optional number: None is allowed, anything else must be a finite number
+        if not numeric or (value is None and "None" in annotation):
             continue
+        if isinstance(value, (tuple, list)) and not (isinstance(default, tuple) or "list" in annotation):
+            raise ValueError(f"{section}.{field.name}={list(value)} is a list; allowed: one number")
+        if isinstance(value, dict) and "dict" in annotation:  # per-kind numbers, e.g. a head budget per kind
+            numbers = list(value.values())
+        else:
+            numbers = list(value) if isinstance(value, (tuple, list)) else [value]
         shown = list(value) if isinstance(value, (tuple, list)) else repr(value) if isinstance(value, str) else value
         if not all(map(is_number, numbers)):
             raise ValueError(f"{section}.{field.name}={shown} is not a number; allowed: numbers")

@@ -75,3 +75,13 @@ def test_target_heads_are_met_exactly_after_training(tmp_path, target):
     assert sum(len(k) for per_kind in exported.values() for k in per_kind.values()) == target
     # the controller, not only the final rule, brought the gates there
     assert abs(metrics["expected_open"] - target) < 4
+
+
+def test_a_per_kind_budget_is_accepted_from_the_command_line_and_nan_refused(tmp_path):
+    from hydra.utils import instantiate
+
+    cfg = compose_train(tmp_path, "pruning=l0_budget", "pruning.target_heads={encoder:4,cross:0.5}")
+    assert instantiate(cfg.pruning, _convert_="all").target_heads == {"encoder": 4, "cross": 0.5}
+    bad = compose_train(tmp_path, "pruning=l0_budget", "pruning.target_heads={encoder:nan}")
+    with pytest.raises(Exception, match=r"pruning.target_heads=\{'encoder': nan\} is not a finite number"):
+        instantiate(bad.pruning, _convert_="all")
