@@ -69,11 +69,16 @@ def ship(cfg: DictConfig, module: GatedSeq2Seq, datamodule, tuning: FineTuneConf
     if tuning.steps:
         finetuned = _finetune(cfg, module, datamodule, pruned, tuning, finetune_dir, score_on, run_dir, device,
                               score_test)
-        finetuned["validation_before"] = {k: exported[k] for k in ("bleu", "chrf", "loss")}
+        finetuned["validation_before"] = headline(exported)
         exported = finetuned.pop("validation")
         if "test" in finetuned:
             test = {"pruned_before_finetune": test.get("pruned"), "pruned": finetuned.pop("test")}
     return {"export": export, "exported": exported, "finetuned": finetuned, "test": test}
+
+
+def headline(result: dict) -> dict:
+    """BLEU, chrF and loss of a score (``evaluate.score``'s result), without the rest."""
+    return {key: result[key] for key in ("bleu", "chrf", "loss")}
 
 
 def _inside(path, run_dir: Path) -> bool:

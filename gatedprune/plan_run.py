@@ -10,7 +10,6 @@ go through the same export, verification, reload, test scoring and fine-tuning a
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from pathlib import Path
@@ -21,12 +20,12 @@ from omegaconf import DictConfig
 from gatedprune.baselines import Head, Level, PlanMethod
 from gatedprune.checkpoints import load_checkpoint_file, strip_prefix
 from gatedprune.evaluate import corpus_scores, generate, token_cross_entropy
-from gatedprune.finalise import ship
+from gatedprune.finalise import headline, ship
 from gatedprune.finetune import FineTuneConfig
 from gatedprune.importance import head_importance
 from gatedprune.lightning_module import GatedSeq2Seq
 from gatedprune.report import heads_kept, export_plan, versions
-from gatedprune.utils import atomic_write_text, format_table, write_json
+from gatedprune.utils import format_table, write_json
 
 
 class MaskedModel:
@@ -132,7 +131,7 @@ def run(cfg: DictConfig, run_dir: Path, method: PlanMethod, module: GatedSeq2Seq
     if method.choose_by_bleu():  # the levels as masked, on the whole validation split, to choose from
         for level in levels:
             gates.fix_(probe.plan(level.kept)).set_mode("binary")
-            level.info["validation"] = _scores(module.score_split(model, "validation", datamodule))
+            level.info["validation"] = headline(module.score_split(model, "validation", datamodule))
         chosen = method.choose([(level, level.info["validation"]["bleu"]) for level in levels],
                                dense["validation"]["bleu"])
         if not chosen:
@@ -150,7 +149,7 @@ def run(cfg: DictConfig, run_dir: Path, method: PlanMethod, module: GatedSeq2Seq
         shipped = ship(cfg, module, datamodule, tuning, val_pairs, run_dir, device, rule="binary", top_k=None,
                        out_dir=level_dir / "pruned", finetune_dir=level_dir / "pruned_finetuned", score_test=has_test)
         # the exported model computes what the masked one does (verified), so its score is the level's
-        level.info["validation"] = _scores((shipped["finetuned"] or {}).get("validation_before") or shipped["exported"])
+        level.info["validation"] = headline((shipped["finetuned"] or {}).get("validation_before") or shipped["exported"])
         metrics = level_metrics(level, shipped, time.perf_counter() - started, **common)
         metrics["seconds"]["run"] = time.perf_counter() - run_start  # the run up to this level's export
         write_json(level_dir / "metrics.json", metrics)
@@ -162,14 +161,8 @@ def run(cfg: DictConfig, run_dir: Path, method: PlanMethod, module: GatedSeq2Seq
                 and exported[level.heads]["test"] else None} for level in levels]
     metrics = {**exported[chosen[-1].heads], "levels": summary}
     write_json(run_dir / "metrics.json", metrics)
-    atomic_write_text(run_dir / "val_pairs.jsonl",
-                      "".join(json.dumps({"source": s, "target": t}) + "\n" for s, t in val_pairs))
     print(levels_table(metrics))
     return metrics
-
-
-def _scores(result: dict) -> dict:
-    return {key: result[key] for key in ("bleu", "chrf", "loss")}
 
 
 def level_metrics(level: Level, shipped: dict, ship_seconds: float, *, method: str, settings: dict, dense: dict,
