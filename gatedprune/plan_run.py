@@ -99,8 +99,7 @@ def load_weights(module: GatedSeq2Seq, checkpoint: Path | None) -> None:
     """The trained model's weights from ``checkpoint`` (model weights only; gates stay open). The teacher, if
     fine-tuning distils, is this model too."""
     if checkpoint is not None:
-        saved = load_checkpoint_file(checkpoint)
-        check_dense(checkpoint, saved)
+        saved = load_checkpoint_file(checkpoint)  # checked at set-up (check_dense)
         module.model.load_state_dict(strip_prefix(saved["state_dict"], "model."))
     if module.teacher is not None:
         module.teacher.load_state_dict(module.model.state_dict())

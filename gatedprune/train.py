@@ -154,6 +154,8 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
         tokenizer.save_pretrained(run_dir / "tokenizer")
     model = _instantiate(cfg.model, tokenizer=tokenizer)
     if checkpoint:  # a model of other shapes would fail deep inside trainer.fit, after the run directory is made
+        if not pruning.trains_gates:
+            plan_run.check_dense(checkpoint, saved)
         kinds = pruning.kinds if pruning.trains_gates else saved["gate_kinds"]  # a plan method takes weights only
         for field in check_resumable(checkpoint, saved, model, kinds):
             print(f"warning: resuming with a model config field changed: {field}")

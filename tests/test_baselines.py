@@ -300,7 +300,7 @@ def test_a_gated_checkpoint_is_refused_as_the_model_to_prune(dense_run, tmp_path
     assert run_train(gated, "trainer.max_steps=14", f"resume={dense_run}").returncode == 0
     proc = run_train(tmp_path / "run", "pruning=random", f"resume={gated}")
     assert proc.returncode == 2 and "after its gated phase began (step 10)" in error_line(proc)
-    assert "give its dense.ckpt" in error_line(proc)
+    assert "give its dense.ckpt" in error_line(proc) and not (tmp_path / "run").exists()  # refused at set-up
 
 
 def test_a_method_without_a_trained_model_is_refused_in_one_line(tmp_path):
