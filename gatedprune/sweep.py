@@ -165,20 +165,21 @@ def seed_groups(rows: list[dict]) -> list[dict]:
 
 
 def matched_counts(rows: list[dict]) -> list[dict]:
-    """Finished runs grouped by method and heads kept (seeds pooled): mean and sample standard deviation of the test
-    scores, mean heads kept per kind and the mean time the method took to decide, most heads first."""
+    """Finished runs grouped by heads kept, method and settings (seeds pooled, as in ``seed_groups``): mean and sample
+    standard deviation of the test scores, mean heads kept per kind and the mean time the method took to decide,
+    most heads first."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         if row["status"] == "done" and row["heads_alive"] is not None:
-            groups.setdefault((row["heads_alive"], row["method"]), []).append(row)
+            groups.setdefault((row["heads_alive"], row["method"], row.get("group") or ""), []).append(row)
 
     def spread(members: list[dict], key: str) -> tuple[float | None, float]:
         values = [r[key] for r in members if r[key] is not None]
         return (mean(values), stdev(values) if len(values) > 1 else 0.0) if values else (None, 0.0)
 
     table = []
-    for (heads, method), members in sorted(groups.items(), key=lambda item: (-item[0][0], item[0][1])):
-        entry = {"heads": heads, "method": method, "n": len(members)}
+    for (heads, method, _), members in sorted(groups.items(), key=lambda item: (-item[0][0], item[0][1])):
+        entry = {"heads": heads, "method": method, "n": len(members), "runs": [r["run"] for r in members]}
         for key in ("test_bleu", "test_chrf", "bleu", "seconds"):
             entry[key], entry[f"{key}_sd"] = spread(members, key)
         entry.update({kind: spread(members, f"heads_{kind}")[0] for kind in KINDS})
@@ -197,9 +198,10 @@ def matched_counts_markdown(rows: list[dict]) -> str:
             return "-"
         return f"{entry[key]:.2f}" + (f" ± {entry[f'{key}_sd']:.2f}" if entry["n"] > 1 else "")
 
-    cells = [(e["heads"], e["method"], e["n"], pm(e, "test_bleu"), pm(e, "test_chrf"), pm(e, "bleu"),
+    cells = [(e["heads"], e["method"], e["runs"][0] + (f" (+{e['n'] - 1} seeds)" if e["n"] > 1 else ""), e["n"],
+              pm(e, "test_bleu"), pm(e, "test_chrf"), pm(e, "bleu"),
               " / ".join(_fmt(e[kind], ".3g") for kind in KINDS), _fmt(e["seconds"], ".0f")) for e in table]
-    return markdown_table(["heads kept", "method", "runs", "test BLEU", "test chrF", "validation BLEU",
+    return markdown_table(["heads kept", "method", "run", "runs", "test BLEU", "test chrF", "validation BLEU",
                            "kept: encoder / decoder / cross", "seconds to decide"], cells)
 
 

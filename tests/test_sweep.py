@@ -253,19 +253,23 @@ def test_runs_that_differ_only_in_seed_are_grouped_with_mean_and_spread(tmp_path
 def test_methods_at_matched_head_counts_pool_seeds_into_mean_and_sample_sd():
     from gatedprune.sweep import KINDS, matched_counts, matched_counts_markdown
 
-    def row(method, heads, test_bleu, seconds, status="done"):
-        return {"method": method, "heads_alive": heads, "test_bleu": test_bleu, "test_chrf": 2 * test_bleu,
+    def row(method, heads, test_bleu, seconds, status="done", group="g"):
+        return {"run": f"{method}_{test_bleu}", "group": group, "method": method, "heads_alive": heads,
+                "test_bleu": test_bleu, "test_chrf": 2 * test_bleu,
                 "bleu": test_bleu - 1, "seconds": seconds, "status": status,
                 **{f"heads_{kind}": heads // 3 for kind in KINDS}}
 
     rows = [row("random", 24, 2.0, 1), row("random", 24, 4.0, 3), row("random", 24, 9.0, 5),
-            row("gated", 24, 10.0, 300), row("gated", 48, 11.0, 290), row("random", 48, 50.0, 1, status="failed")]
+            row("gated", 24, 10.0, 300), row("gated", 48, 11.0, 290), row("random", 48, 50.0, 1, status="failed"),
+            row("gated", 24, 7.0, 100, group="other settings")]  # another protocol: its own row, never pooled
     table = matched_counts(rows)
-    assert [(e["heads"], e["method"], e["n"]) for e in table] == [(48, "gated", 1), (24, "gated", 1), (24, "random", 3)]
-    random = table[2]
+    assert [(e["heads"], e["method"], e["n"]) for e in table] == [
+        (48, "gated", 1), (24, "gated", 1), (24, "gated", 1), (24, "random", 3)]
+    random = table[3]
     assert random["test_bleu"] == pytest.approx(5.0) and random["test_bleu_sd"] == pytest.approx(((9 + 1 + 16) / 2) ** 0.5)
     assert random["test_chrf"] == pytest.approx(10.0) and random["seconds"] == pytest.approx(3.0)
     assert random["encoder"] == 8 and table[0]["test_bleu_sd"] == 0.0
     markdown = matched_counts_markdown(rows)
-    assert "| 24 | random | 3 | 5.00 ± 3.61 |" in markdown and "| 48 | gated | 1 | 11.00 |" in markdown
+    assert "| 24 | random | random_2.0 (+2 seeds) | 3 | 5.00 ± 3.61 |" in markdown
+    assert "| 48 | gated | gated_11.0 | 1 | 11.00 |" in markdown
     assert matched_counts_markdown([r for r in rows if r["method"] == "gated"]) == ""  # one method: nothing to compare
