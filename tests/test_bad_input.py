@@ -61,7 +61,7 @@ def test_missing_language_columns_are_named(tmp_path):
         ("optim.lr=fast", ["optim.lr='fast' is not a number"]),
         ("pruning.l0_lamda=0.1", ["Could not override 'pruning.l0_lamda': Key 'l0_lamda' is not in struct",
                                   "+pruning.l0_lamda=0.1"]),
-        ("pruning=l1", ["Could not find 'pruning/l1'", "Available options in 'pruning': l0"]),
+        ("pruning=l1", ["Could not find 'pruning/l1'", "Available options in 'pruning': astar; l0; l0_budget; michel; random"]),
         ("model=pretrained", ["Missing mandatory value: data.tokenizer_path"]),
         ("export.rule=topk", ["export.rule='topk'; allowed: binary, top-k"]),
         ("export.top_k=5", ["export.rule=binary with export.top_k=5; allowed: top_k (a head count) with rule top-k only"]),
