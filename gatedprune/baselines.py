@@ -67,7 +67,7 @@ class PlanMethod:
     trains_gates: ClassVar[bool] = False
     name: ClassVar[str] = "plan"
     kinds: tuple[str, ...] = ATTENTION_KINDS
-    # finetune.distill=true distils the pruned model from the unpruned one with these settings (alpha > 0)
+    # finetune.distill=true distils the pruned model from the unpruned one with these settings (alpha or hidden > 0)
     distill: DistillOptions = field(default_factory=DistillOptions)
     eval_pairs: int = 200  # the fixed validation subset a method measures on (the shortest sources first)
 

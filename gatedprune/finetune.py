@@ -14,8 +14,8 @@ import lightning as L
 import torch
 from torch import nn
 
-from gatedprune.distill import DistillOptions, kl_distillation
-from gatedprune.evaluate import cross_entropy, teacher_forced_logits
+from gatedprune.distill import DistillOptions, distilled_loss
+from gatedprune.evaluate import token_cross_entropy
 from gatedprune.utils import check_numbers
 
 
@@ -25,7 +25,7 @@ class FineTuneConfig:
 
     steps: int = 0
     lr: float = 1e-4  # constant: the model is trained already, this only lets the kept heads adjust
-    distill: bool = False  # keep distilling from the dense model (needs pruning.distill.alpha > 0)
+    distill: bool = False  # keep distilling from the dense model (needs pruning.distill.alpha or .hidden > 0)
     out_dir: str = "pruned_finetuned"
 
     def __post_init__(self) -> None:
@@ -44,13 +44,10 @@ class PrunedFineTuning(L.LightningModule):
         self.teacher, self.distill = teacher, distill
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        logits = teacher_forced_logits(self.model, batch)  # (B, T, V)
-        loss = ce = cross_entropy(logits, batch["labels"], self.label_smoothing)
         if self.teacher is not None:
-            with torch.no_grad():
-                teacher_logits = teacher_forced_logits(self.teacher.eval(), batch)
-            kd = kl_distillation(logits, teacher_logits, batch["labels"], self.distill.temperature)
-            loss = (1 - self.distill.alpha) * ce + self.distill.alpha * kd
+            ce, loss, _ = distilled_loss(self.model, self.teacher, batch, self.distill, self.label_smoothing)
+        else:
+            loss = ce = token_cross_entropy(self.model, batch, self.label_smoothing)
         self.log("finetune/ce", ce, prog_bar=True, batch_size=int((batch["labels"] != -100).sum()))
         return loss
 

@@ -8,7 +8,6 @@ penalty is off (the dense phase), so one run can train a baseline and then prune
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -19,10 +18,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from gatedprune.head_gates import attach_gates
 from gatedprune.methods import GatedPruning
 from gatedprune.checkpoints import describe
-from gatedprune.distill import frozen_copy, kl_distillation
-from gatedprune.evaluate import (
-    GenerationConfig, corpus_scores, cross_entropy, generate, score, teacher_forced_logits, token_cross_entropy,
-)
+from gatedprune.distill import distilled_loss, frozen_copy
+from gatedprune.evaluate import GenerationConfig, corpus_scores, generate, score, token_cross_entropy
 from gatedprune.plots import save_gate_heatmap
 from gatedprune.utils import check_numbers
 
@@ -77,7 +74,7 @@ class GatedSeq2Seq(L.LightningModule):
         self.gates = attach_gates(model, pruning.kinds, **asdict(pruning.gates))
         self.budget = pruning.build(self.gates)  # a method's own trainable state (a head budget's multipliers)
         # the dense model as teacher (pruning.distill): a frozen copy, refreshed when the gated phase starts
-        self.teacher = frozen_copy(model) if pruning.distill.alpha > 0 else None
+        self.teacher = frozen_copy(model) if pruning.distill.on else None
         self._teacher_ready = False
         self.teacher_ms: list[float] = []  # what the teacher's forward costs, per step
         self.save_hyperparameters(
@@ -140,17 +137,11 @@ class GatedSeq2Seq(L.LightningModule):
         return loss
 
     def _distilled(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """(CE on the labels, (1 - alpha) CE + alpha T^2 KL(teacher || student)), from one student forward."""
-        options = self.pruning.distill
-        logits = teacher_forced_logits(self.model, batch)  # (B, T, V)
-        ce = cross_entropy(logits, batch["labels"], self.optim.label_smoothing)
-        start = time.perf_counter()
-        with torch.no_grad():
-            teacher_logits = teacher_forced_logits(self.teacher.eval(), batch)  # eval: Lightning's train() reaches it
-        self.teacher_ms.append(1000 * (time.perf_counter() - start))
-        kd = kl_distillation(logits, teacher_logits, batch["labels"], options.temperature)
-        self.log_dict({"train/distill": kd, "train/teacher_ms": self.teacher_ms[-1]}, batch_size=1)
-        return ce, (1 - options.alpha) * ce + options.alpha * kd
+        """(CE on the labels, the distilled task loss: gatedprune.distill)."""
+        ce, loss, logs = distilled_loss(self.model, self.teacher, batch, self.pruning.distill, self.optim.label_smoothing)
+        self.teacher_ms.append(logs["teacher_ms"])
+        self.log_dict({f"train/{k}": v for k, v in logs.items()}, batch_size=1)
+        return ce, loss
 
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
         if self.teacher is not None and self.gating and not self._teacher_ready:
@@ -268,9 +259,11 @@ class GatedSeq2Seq(L.LightningModule):
     def _track_plan(self) -> None:
         """Record how far the gates have settled; stop training once the plan is stable (``stop_when_stable``).
 
-        Every process computes the same (the gates are identical under DDP), so all of them stop together.
+        The plan is the one export would keep: log_alpha > 0, or the top-k set under a head budget (whose binary
+        plan keeps moving as the multipliers push the expected count around the target). Every process computes
+        the same (the gates are identical under DDP), so all of them stop together.
         """
-        plan = self.gates.plan()
+        plan = self.gates.plan(*self.pruning.export_rule(self.budget))
         if self._last_plan is None or not self.gates_trained:  # the dense phase: every head open
             self._last_plan = plan
             return
@@ -283,10 +276,13 @@ class GatedSeq2Seq(L.LightningModule):
             self.trainer.should_stop = True
 
     def _plan_is_stable(self) -> bool:
-        """No head changed side for ``stop_when_stable`` validations in a row (False when that is not set)."""
+        """No head changed side for ``stop_when_stable`` validations in a row, all of them after the method's
+        ``settles_from`` gated steps (False when ``stop_when_stable`` is not set)."""
         patience = self.pruning.stop_when_stable
-        recent = [entry["changed"] for entry in self.plan_changes[-patience:]] if patience else []
-        return bool(patience) and len(recent) == patience and not any(recent)
+        recent = self.plan_changes[-patience:] if patience else []
+        earliest = self.pruning.start_step + self.pruning.settles_from()
+        return (bool(patience) and len(recent) == patience
+                and all(entry["changed"] == 0 and entry["step"] >= earliest for entry in recent))
 
     def score_test(self, what: str) -> dict | None:
         """The test-split score of the model as it is now, gates open (the dense model); None without a test split.

@@ -38,8 +38,9 @@ class GatedPruning:
     start_step: int = 0  # dense phase: gates open and no penalty before this optimiser step
     gate_lr: float = 0.1
     eval_gate_mode: str = "binary"  # validation computes the function that export would keep
-    # end the gated phase once the plan (binary rule) has not changed for this many validations in a row; None: run
-    # to trainer.max_steps. Every gated validation records how many heads changed side and how many gates are unsettled
+    # end the gated phase once the plan export would keep (export_rule) has not changed for this many validations in
+    # a row, counted from settles_from(); None: run to trainer.max_steps. Every gated validation records how many
+    # heads changed side and how many gates are unsettled
     stop_when_stable: int | None = None
     gates: GateOptions = field(default_factory=GateOptions)  # the hard-concrete constants
     # anneal the gates' temperature geometrically from gates.temperature to this over the gated phase (None: fixed);
@@ -79,6 +80,10 @@ class GatedPruning:
     def export_rule(self, state: nn.Module | None) -> tuple[str, int | dict | None]:
         """(rule, top_k) for ``HeadGates.plan``."""
         return "binary", None
+
+    def settles_from(self) -> int:
+        """Gated steps before which the plan is still meant to move, so ``stop_when_stable`` does not count it."""
+        return 0
 
     def check_schedule(self, max_steps: int | None) -> None:
         """Refuse a schedule the method cannot work in, and note the gated phase's length (called at set-up with
@@ -144,6 +149,9 @@ class L0Budget(GatedPruning):
 
     def export_rule(self, state: HeadBudget) -> tuple[str, dict]:
         return "top-k", state.targets  # the budget, met exactly per budget group
+
+    def settles_from(self) -> int:
+        return self.target_warmup_steps  # while the target ramps down, the top-k set has not been asked to settle
 
     def check_schedule(self, max_steps: int | None) -> None:
         """A target ramp longer than the gated phase would never reach the budget: it is shortened to half the gated

@@ -82,7 +82,7 @@ def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoin
         **({} if gated else {"l0_lambda": None}),  # a dense baseline: no lambda was applied
         "budget": module.budget.report() if module.budget is not None else None,
         "distill": {
-            "alpha": pruning.distill.alpha, "temperature": pruning.distill.temperature,
+            "alpha": pruning.distill.alpha, "temperature": pruning.distill.temperature, "hidden": pruning.distill.hidden,
             "teacher_ms_per_step": sum(module.teacher_ms) / len(module.teacher_ms) if module.teacher_ms else None,
         },
         "convergence": {

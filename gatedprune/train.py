@@ -123,8 +123,9 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
     test_generation = _instantiate(cfg.test_generation)
     pruning.check_schedule(cfg.trainer.get("max_steps"))
     tuning = _instantiate(cfg.finetune)
-    if tuning.distill and pruning.distill.alpha == 0:
-        raise ValueError("finetune.distill=true needs a teacher: set pruning.distill.alpha > 0 (it is kept only then)")
+    if tuning.distill and not pruning.distill.on:
+        raise ValueError("finetune.distill=true needs a teacher: set pruning.distill.alpha or pruning.distill.hidden > 0 "
+                         "(it is kept only then)")
     if not pruning.trains_gates and not cfg.export.enabled:
         raise ValueError(f"pruning={pruning.name} with export.enabled=false; allowed: export.enabled=true (its levels "
                          "are exported to <run>/levels/<heads>_heads)")

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from helpers import compose_train
-from gatedprune.distill import DistillOptions, kl_distillation
+from types import SimpleNamespace
+
+from gatedprune.distill import DistillOptions, hidden_distillation, kl_distillation
 from gatedprune.train import train
 
 
@@ -30,9 +32,29 @@ def test_kl_distillation_against_its_formula():
     assert kl_distillation(teacher, teacher, labels, temperature).item() == pytest.approx(0.0, abs=1e-6)
 
 
+def test_hidden_distillation_against_its_formula():
+    torch.manual_seed(0)
+    d = 4
+    source_mask = torch.tensor([[1, 1, 0], [1, 0, 0]])  # (B, S)
+    labels = torch.tensor([[5, -100], [6, 7]])  # (B, T)
+    student = SimpleNamespace(encoder_hidden_states=[torch.randn(2, 3, d) for _ in range(3)],
+                              decoder_hidden_states=[torch.randn(2, 2, d) for _ in range(3)])
+    teacher = SimpleNamespace(encoder_hidden_states=[torch.randn(2, 3, d) for _ in range(3)],
+                              decoder_hidden_states=[torch.randn(2, 2, d) for _ in range(3)])
+    per_layer = []
+    for side, mask in (("encoder_hidden_states", source_mask), ("decoder_hidden_states", labels != -100)):
+        for layer in (1, 2):  # the embeddings (0) are left out
+            s, t = getattr(student, side)[layer], getattr(teacher, side)[layer]
+            cells = [float(((s[b, i] - t[b, i]) ** 2).sum()) for b in range(2) for i in range(s.shape[1]) if mask[b, i]]
+            per_layer.append(sum(cells) / (len(cells) * d))
+    assert hidden_distillation(student, teacher, source_mask, labels != -100).item() == pytest.approx(
+        sum(per_layer) / len(per_layer), rel=1e-5)
+    assert hidden_distillation(student, student, source_mask, labels != -100).item() == 0.0
+
+
 def test_distill_options_are_checked():
-    for bad in ({"alpha": 1.5}, {"temperature": 0.0}):
-        with pytest.raises(ValueError, match="allowed: 0 <= alpha <= 1, temperature > 0"):
+    for bad in ({"alpha": 1.5}, {"temperature": 0.0}, {"hidden": -1.0}):
+        with pytest.raises(ValueError, match="allowed: 0 <= alpha <= 1, temperature > 0, hidden >= 0"):
             DistillOptions(**bad)
     with pytest.raises(ValueError, match=r"pruning.distill.alpha=nan is not a finite number"):
         DistillOptions(alpha=math.nan)
@@ -41,7 +63,8 @@ def test_distill_options_are_checked():
 @pytest.fixture(scope="module")
 def distilled(tmp_path_factory):
     out = tmp_path_factory.mktemp("distill") / "run"
-    metrics = train(compose_train(out, "experiment=smoke", "pruning.distill.alpha=0.5", "export.enabled=false"))
+    metrics = train(compose_train(out, "experiment=smoke", "pruning.distill.alpha=0.5", "pruning.distill.hidden=2.0",
+                                  "export.enabled=false"))
     return out, metrics
 
 
@@ -55,7 +78,8 @@ def test_the_teacher_is_the_dense_model_frozen(distilled):
     # the teacher holds the weights of the end of the dense phase, untouched by 20 gated steps; the student moved
     assert all(torch.equal(v, dense[f"model.{k}"]) for k, v in teacher.items())
     assert any(not torch.equal(v, state[f"model.{k}"]) for k, v in teacher.items())
-    assert metrics["distill"]["alpha"] == 0.5 and metrics["distill"]["teacher_ms_per_step"] > 0
+    assert metrics["distill"]["alpha"] == 0.5 and metrics["distill"]["hidden"] == 2.0
+    assert metrics["distill"]["teacher_ms_per_step"] > 0
 
 
 def test_the_distilled_loss_is_the_weighted_sum(distilled, tmp_path):
@@ -64,9 +88,11 @@ def test_the_distilled_loss_is_the_weighted_sum(distilled, tmp_path):
     out, _ = distilled
     rows = [r for r in csv.DictReader(open(out / "csv" / "metrics.csv")) if r.get("train/distill")]
     assert rows and all(int(r["step"]) >= 10 for r in rows)  # only gated steps distil
-    # train/loss = 0.5 ce + 0.5 distill + penalty, as logged for the same step
+    # train/loss = 0.5 ce + 0.5 distill + 2 hidden + penalty, as logged for the same step
     row = next(r for r in rows if r.get("train/loss") and r.get("train/ce") and r.get("train/penalty"))
-    expected = 0.5 * float(row["train/ce"]) + 0.5 * float(row["train/distill"]) + 0.1 * float(row["train/penalty"])
+    assert float(row["train/distill_hidden"]) > 0  # the student has moved away from the teacher
+    expected = (0.5 * float(row["train/ce"]) + 0.5 * float(row["train/distill"]) + 2.0 * float(row["train/distill_hidden"])
+                + 0.1 * float(row["train/penalty"]))
     assert float(row["train/loss"]) == pytest.approx(expected, rel=1e-4)
 
 
@@ -102,3 +128,46 @@ def test_fine_tuning_options_are_checked(tmp_path):
     with pytest.raises(ValueError, match="allowed with export.enabled=true"):
         train(compose_train(tmp_path / "b", "experiment=smoke", "finetune.steps=5", "export.enabled=false"))
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_the_distilled_loss_of_a_pruned_student_against_its_parts(tmp_path):
+    """distilled_loss on a physically pruned student (one layer without self-attention heads) against the unpruned
+    teacher: (1 - alpha) CE + alpha KL + hidden MSE, each part computed here from the two models' own outputs."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from families import tiny_model
+    from gatedprune.distill import distilled_loss
+    from gatedprune.surgery import prune_heads
+
+    teacher = tiny_model("bart", tmp_path)
+    student = prune_heads(copy.deepcopy(teacher), {"model.encoder.layers.0.self_attn": [],
+                                                   "model.decoder.layers.1.encoder_attn": [0, 3]}).train()
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(3, 97, (2, 6), generator=generator)  # (B, S)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 4:] = 0
+    labels = torch.randint(3, 97, (2, 5), generator=generator)  # (B, T)
+    labels[0, 3:] = -100
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    options = DistillOptions(alpha=0.3, temperature=2.0, hidden=0.7)
+
+    ce, loss, logs = distilled_loss(student, teacher, batch, options, label_smoothing=0.1)
+    loss.backward()
+
+    decoder_input_ids = student.prepare_decoder_input_ids_from_labels(labels=labels)
+    with torch.no_grad():
+        s = student(input_ids, attention_mask, decoder_input_ids=decoder_input_ids, output_hidden_states=True)
+        t = teacher.eval()(input_ids, attention_mask, decoder_input_ids=decoder_input_ids, output_hidden_states=True)
+    expected_ce = F.cross_entropy(s.logits.flatten(0, 1), labels.flatten(), ignore_index=-100, label_smoothing=0.1)
+    expected_hidden = hidden_distillation(s, t, attention_mask, labels != -100)
+    expected_kd = kl_distillation(s.logits, t.logits, labels, 2.0)
+    assert ce.item() == pytest.approx(expected_ce.item(), rel=1e-5)
+    assert logs["distill_hidden"].item() == pytest.approx(expected_hidden.item(), rel=1e-5) and expected_hidden > 0
+    assert loss.item() == pytest.approx((0.7 * expected_ce + 0.3 * expected_kd + 0.7 * expected_hidden).item(), rel=1e-5)
+    # the teacher is frozen: no gradient reaches it and its weights are unchanged; the student's weights get one
+    assert all(p.grad is None for p in teacher.parameters())
+    assert all(torch.equal(v, before[k]) for k, v in teacher.state_dict().items())
+    assert student.model.encoder.layers[1].self_attn.q_proj.weight.grad.abs().sum() > 0

@@ -127,6 +127,17 @@ def test_the_gated_phase_ends_once_the_plan_is_stable(tmp_path):
     assert again["steps"] == 14 and again["convergence"]["plan_changes"] == changes
 
 
+def test_under_a_head_budget_the_stable_plan_is_the_top_k_set_once_the_target_has_ramped(tmp_path):
+    # gate_lr 0: log_alpha never moves, so the top-k set never changes; it counts as stable only from the end of the
+    # target ramp (gated step 6 = step 16): two stable validations there end the run at 18, not at 14
+    metrics = train(compose_train(tmp_path, "experiment=smoke", "pruning=l0_budget", "pruning.target_heads=10",
+                                  "pruning.target_warmup_steps=6", "pruning.gate_lr=0", "trainer.val_check_interval=2",
+                                  "pruning.stop_when_stable=2", "export.enabled=false"))
+    changes = metrics["convergence"]["plan_changes"]
+    assert [c["step"] for c in changes] == [12, 14, 16, 18] and metrics["steps"] == 18
+    assert [c["changed"] for c in changes] == [0, 0, 0, 0]
+
+
 def test_plan_changes_are_counted_per_validation(smoke_run):
     _, metrics = smoke_run  # lambda 0.5 closes gates: the first gated validation sees heads change side
     changes = metrics["convergence"]["plan_changes"]
