@@ -110,7 +110,7 @@ def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoin
 
 
 def final_table(metrics: dict) -> str:
-    """Dense, gated and exported models side by side: BLEU and chrF (validation, test), heads, parameters."""
+    """Dense, gated, exported (and fine-tuned) models side by side: BLEU and chrF (validation, test), heads, parameters."""
     test = metrics["test"]
     columns = {}
     if metrics["method"] == "gated" and metrics["dense"]:
@@ -120,8 +120,11 @@ def final_table(metrics: dict) -> str:
     gated = metrics["gated"]
     name = f"{metrics['method']} (step {metrics['steps']})"
     columns[name] = {**gated, "test": None if "export" in metrics else final_test, "params": metrics["params_before"]}
+    if "finetune" in metrics:  # the export as verified, then what fine-tuning made of it
+        before = metrics["finetune"]["validation_before"]
+        columns["exported"] = {**metrics, **before, "test": test.get("pruned_before_finetune")}
     if "export" in metrics:
-        columns["exported" + (" + fine-tuned" if "finetune" in metrics else "")] = {**metrics, "test": final_test}
+        columns["exported + fine-tuned" if "finetune" in metrics else "exported"] = {**metrics, "test": final_test}
 
     def cell(column: dict, key: str, split: str) -> str:
         source = column if split == "validation" else column["test"]

@@ -108,10 +108,25 @@ def test_a_distilled_fork_starts_from_a_dense_checkpoint_written_without_a_teach
     assert all(torch.equal(state[f"teacher.{k[len('model.'):]}"], v) for k, v in dense.items() if k.startswith("model."))
 
 
-def test_fine_tuning_the_exported_model_reloads_and_lowers_its_validation_loss(tmp_path):
+def test_fine_tuning_the_exported_model_reloads_and_lowers_its_validation_loss(tmp_path, capsys):
+    import re
+
     from gatedprune import load_pruned
 
     metrics = train(compose_train(tmp_path / "run", "experiment=smoke", "finetune.steps=10", "finetune.lr=1e-3"))
+    # the run ends with the table of the README's default run: the export as verified, then fine-tuned
+    printed = capsys.readouterr().out
+    header = next(line for line in printed.splitlines() if line.lstrip().startswith("dense (step"))
+    assert re.split(r"\s{2,}", header.strip()) == ["dense (step 10)", "gated (step 30)", "exported",
+                                                   "exported + fine-tuned"]
+    rows = {cells[0]: cells[1:] for line in printed.splitlines()
+            if len(cells := re.split(r"\s{2,}", line.strip())) == 5 and cells[0].startswith(("validation", "test"))}
+    test = metrics["test"]
+    assert rows["validation BLEU"] == [f"{v:.2f}" for v in (metrics["dense"]["bleu"], metrics["gated"]["bleu"],
+                                                             metrics["finetune"]["validation_before"]["bleu"],
+                                                             metrics["bleu"])]
+    assert rows["test BLEU"] == ["%.2f" % test["dense"]["bleu"], "-", "%.2f" % test["pruned_before_finetune"]["bleu"],
+                                 "%.2f" % test["pruned"]["bleu"]]
     tuned = metrics["finetune"]
     assert metrics["model"].startswith("exported, fine-tuned 10 steps") and tuned["steps"] == 10
     assert metrics["val_loss"] <= tuned["validation_before"]["loss"]  # the fine-tuned model, as reloaded and scored
