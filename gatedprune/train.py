@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import signal
 import sys
@@ -129,8 +131,10 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
     if not pruning.trains_gates and not cfg.export.enabled:
         raise ValueError(f"pruning={pruning.name} with export.enabled=false; allowed: export.enabled=true (its levels "
                          "are exported to <run>/levels/<heads>_heads)")
-    if tuning.steps and not cfg.export.enabled:
-        raise ValueError(f"finetune.steps={tuning.steps} fine-tunes the exported model; allowed with export.enabled=true")
+    if tuning.steps and not cfg.export.enabled:  # fine-tuning is on by default; a run that exports nothing has no model
+        print(f"note: export.enabled=false: nothing is exported, so nothing is fine-tuned (finetune.steps={tuning.steps} "
+              "does not apply)")
+        tuning = dataclasses.replace(tuning, steps=0)
     if cfg.export.enabled and pruning.trains_gates:  # the other methods export into <run>/levels
         _check_export_rule(cfg.export.rule, cfg.export.top_k)
         check_out_dir(Path(cfg.export.out_dir), protected=[run_dir])

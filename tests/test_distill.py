@@ -137,12 +137,23 @@ def test_fine_tuning_the_exported_model_reloads_and_lowers_its_validation_loss(t
     assert set(metrics["test"]) == {"dense", "pruned", "pruned_before_finetune"}
 
 
-def test_fine_tuning_options_are_checked(tmp_path):
+def test_fine_tuning_options_are_checked(tmp_path, capsys):
     with pytest.raises(ValueError, match="finetune.distill=true needs a teacher"):
         train(compose_train(tmp_path / "a", "experiment=smoke", "finetune.steps=5", "finetune.distill=true"))
-    with pytest.raises(ValueError, match="allowed with export.enabled=true"):
-        train(compose_train(tmp_path / "b", "experiment=smoke", "finetune.steps=5", "export.enabled=false"))
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert not (tmp_path / "a").exists()
+    # without an export there is no model to fine-tune: said, and the run is a gated run without one
+    metrics = train(compose_train(tmp_path / "b", "experiment=smoke", "finetune.steps=5", "export.enabled=false",
+                                  "trainer.max_steps=12"))
+    assert "finetune" not in metrics and not (tmp_path / "b" / "pruned_finetuned").exists()
+    assert "nothing is fine-tuned (finetune.steps=5 does not apply)" in capsys.readouterr().out
+
+
+def test_the_default_run_fine_tunes_its_export_and_the_measured_presets_do_not():
+    from helpers import compose_train as compose
+
+    assert compose("/tmp/unused").finetune.steps == 100  # docs/quality.md: the best protocol within the budget
+    for preset in ("experiment=smoke", "experiment=lambda_sweep", "experiment=compare", "+quality=plain"):
+        assert compose("/tmp/unused", preset).finetune.steps == 0, preset
 
 
 def test_the_distilled_loss_of_a_pruned_student_against_its_parts(tmp_path):
