@@ -29,7 +29,7 @@ KINDS = ("encoder", "decoder", "cross")
 STATUSES = ("done", "failed", "interrupted", "running", "unknown")
 COLUMNS = [
     "run", "method", "lambda", "seed", "heads_encoder", "heads_decoder", "heads_cross", "heads_alive", "heads_total",
-    "bleu", "chrf", "test_bleu", "test_chrf", "dense_bleu", "params", "seconds", "status", "error",
+    "bleu", "chrf", "test_bleu", "test_chrf", "test_bleu_before_finetune", "dense_bleu", "params", "seconds", "status", "error",
 ]
 # what may differ between the runs of one seed group besides the seed: where they started from and wrote to
 _NOT_SETTINGS = ("seed", "resume", "paths", "hydra")
@@ -92,6 +92,7 @@ def read_run(run_dir: Path, root: Path) -> dict:
         "seed": metrics.get("seed"),
         "test_bleu": _final_test(metrics).get("bleu"),
         "test_chrf": _final_test(metrics).get("chrf"),
+        "test_bleu_before_finetune": ((metrics.get("test") or {}).get("pruned_before_finetune") or {}).get("bleu"),
         "seconds": (metrics.get("seconds") or {}).get("method"),
         "params": _params_kept(metrics),
     })
@@ -174,13 +175,13 @@ def matched_counts(rows: list[dict]) -> list[dict]:
             groups.setdefault((row["heads_alive"], row["method"], row.get("group") or ""), []).append(row)
 
     def spread(members: list[dict], key: str) -> tuple[float | None, float]:
-        values = [r[key] for r in members if r[key] is not None]
+        values = [r.get(key) for r in members if r.get(key) is not None]
         return (mean(values), stdev(values) if len(values) > 1 else 0.0) if values else (None, 0.0)
 
     table = []
     for (heads, method, _), members in sorted(groups.items(), key=lambda item: (-item[0][0], item[0][1])):
         entry = {"heads": heads, "method": method, "n": len(members), "runs": [r["run"] for r in members]}
-        for key in ("test_bleu", "test_chrf", "bleu", "seconds"):
+        for key in ("test_bleu", "test_bleu_before_finetune", "test_chrf", "bleu", "seconds"):
             entry[key], entry[f"{key}_sd"] = spread(members, key)
         entry.update({kind: spread(members, f"heads_{kind}")[0] for kind in KINDS})
         table.append(entry)
@@ -199,9 +200,10 @@ def matched_counts_markdown(rows: list[dict]) -> str:
         return f"{entry[key]:.2f}" + (f" ± {entry[f'{key}_sd']:.2f}" if entry["n"] > 1 else "")
 
     cells = [(e["heads"], e["method"], e["runs"][0] + (f" (+{e['n'] - 1} seeds)" if e["n"] > 1 else ""), e["n"],
-              pm(e, "test_bleu"), pm(e, "test_chrf"), pm(e, "bleu"),
+              pm(e, "test_bleu"), pm(e, "test_bleu_before_finetune"), pm(e, "test_chrf"), pm(e, "bleu"),
               " / ".join(_fmt(e[kind], ".3g") for kind in KINDS), _fmt(e["seconds"], ".0f")) for e in table]
-    return markdown_table(["heads kept", "method", "run", "runs", "test BLEU", "test chrF", "validation BLEU",
+    return markdown_table(["heads kept", "method", "run", "runs", "test BLEU", "test BLEU before fine-tuning",
+                           "test chrF", "validation BLEU",
                            "kept: encoder / decoder / cross", "seconds to decide"], cells)
 
 
@@ -242,7 +244,8 @@ def to_markdown(rows: list[dict], root: Path) -> str:
     matched = matched_counts_markdown(rows)
     if matched:
         table += ("\n## Methods at matched head counts\n\nThe exported models' test scores, mean ± sample standard "
-                  "deviation over runs (seeds) where there are several; the time a method took to decide what goes "
+                  "deviation over runs (seeds) where there are several (before fine-tuning: the export as verified, where it "
+                  "was fine-tuned); the time a method took to decide what goes "
                   "(gates: training, others: scoring and search):\n\n" + matched)
     return table
 

@@ -233,6 +233,8 @@ def test_runs_that_differ_only_in_seed_are_grouped_with_mean_and_spread(tmp_path
         (1, 1.0, 5.0, (0, 0, 2), 4.0),
     ]):
         metrics = {**_metrics(lam, bleu, alive), "seed": seed, "test": {"pruned": {"bleu": test}}}
+        if seed == 3:  # a fine-tuned export: its test score before fine-tuning is kept beside the final one
+            metrics["test"]["pruned_before_finetune"] = {"bleu": test - 2}
         _run(root, str(i), lam, metrics, done)
         config = {"seed": seed, "resume": f"dense_{seed}.ckpt", "pruning": {"l0_lambda": lam}}
         (root / str(i) / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
@@ -247,6 +249,7 @@ def test_runs_that_differ_only_in_seed_are_grouped_with_mean_and_spread(tmp_path
     text = (root / "summary.md").read_text()
     assert "## Seeds" in text and f"| 0, 1, 2 | gated | 0.1 | 3 | 7.0 ± 1.0 | {mean([10.0, 11.0, 12.5]):.2f} ± " in text
     assert [r["seed"] for r in _csv(root / "summary.csv")] == ["1", "2", "3", "1"]
+    assert [r["test_bleu_before_finetune"] for r in _csv(root / "summary.csv")] == ["", "", "8.5", ""]
     assert (root / "pareto.png").read_bytes().startswith(PNG_SIGNATURE)
 
 
@@ -260,7 +263,7 @@ def test_methods_at_matched_head_counts_pool_seeds_into_mean_and_sample_sd():
                 **{f"heads_{kind}": heads // 3 for kind in KINDS}}
 
     rows = [row("random", 24, 2.0, 1), row("random", 24, 4.0, 3), row("random", 24, 9.0, 5),
-            row("gated", 24, 10.0, 300), row("gated", 48, 11.0, 290), row("random", 48, 50.0, 1, status="failed"),
+            {**row("gated", 24, 10.0, 300), "test_bleu_before_finetune": 8.5}, row("gated", 48, 11.0, 290), row("random", 48, 50.0, 1, status="failed"),
             row("gated", 24, 7.0, 100, group="other settings")]  # another protocol: its own row, never pooled
     table = matched_counts(rows)
     assert [(e["heads"], e["method"], e["n"]) for e in table] == [
@@ -271,5 +274,6 @@ def test_methods_at_matched_head_counts_pool_seeds_into_mean_and_sample_sd():
     assert random["encoder"] == 8 and table[0]["test_bleu_sd"] == 0.0
     markdown = matched_counts_markdown(rows)
     assert "| 24 | random | random_2.0 (+2 seeds) | 3 | 5.00 ± 3.61 |" in markdown
-    assert "| 48 | gated | gated_11.0 | 1 | 11.00 |" in markdown
+    assert "| 48 | gated | gated_11.0 | 1 | 11.00 | - |" in markdown  # not fine-tuned
+    assert "| 24 | gated | gated_10.0 | 1 | 10.00 | 8.50 |" in markdown
     assert matched_counts_markdown([r for r in rows if r["method"] == "gated"]) == ""  # one method: nothing to compare
