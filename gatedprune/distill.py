@@ -69,9 +69,8 @@ def hidden_distillation(student, teacher, source_mask: torch.Tensor, target_mask
     """
     errors = []
     for side, mask in (("encoder_hidden_states", source_mask), ("decoder_hidden_states", target_mask)):
-        for s, t in zip(getattr(student, side)[1:], getattr(teacher, side)[1:]):
-            # a speech encoder's states are shorter than its input features: every position counts there
-            keep = mask.bool() if mask.shape == s.shape[:2] else torch.ones(s.shape[:2], dtype=torch.bool, device=s.device)
+        keep = mask.bool()
+        for s, t in zip(getattr(student, side)[1:], getattr(teacher, side)[1:]):  # (B, S or T, d) each
             errors.append((s[keep].float() - t[keep].float()).pow(2).mean())
     return torch.stack(errors).mean()
 
@@ -88,8 +87,10 @@ def distilled_loss(student: nn.Module, teacher: nn.Module, batch: dict, options:
     with torch.no_grad():
         reference = teacher.eval()(**inputs, output_hidden_states=hidden)
     logs = {"teacher_ms": 1000 * (time.perf_counter() - start)}
-    logs["distill"] = kl_distillation(out.logits, reference.logits, batch["labels"], options.temperature)
-    loss = (1 - options.alpha) * ce + options.alpha * logs["distill"]
+    loss = ce
+    if options.alpha > 0:
+        logs["distill"] = kl_distillation(out.logits, reference.logits, batch["labels"], options.temperature)
+        loss = (1 - options.alpha) * ce + options.alpha * logs["distill"]
     if hidden:
         logs["distill_hidden"] = hidden_distillation(out, reference, batch["attention_mask"], batch["labels"] != -100)
         loss = loss + options.hidden * logs["distill_hidden"]

@@ -85,7 +85,8 @@ class GatedSeq2Seq(L.LightningModule):
         self.dense_test: dict | None = None  # the dense model's test-split score (see score_test)
         self.signature: dict = {}  # sacreBLEU signatures of the last validation
         self.skipped_steps = 0  # steps skipped for a non-finite loss or gradient, in total
-        # per gated validation: heads whose binary decision changed since the previous validation, unsettled gates
+        # per gated validation: heads the plan export keeps gained or lost since the previous validation (the first
+        # one: since the dense model, every head kept), and the gates not yet settled
         self.plan_changes: list[dict] = []
         self._last_plan: dict | None = None
         self._bad_in_a_row = 0
@@ -264,7 +265,10 @@ class GatedSeq2Seq(L.LightningModule):
         the same (the gates are identical under DDP), so all of them stop together.
         """
         plan = self.gates.plan(*self.pruning.export_rule(self.budget))
-        if self._last_plan is None or not self.gates_trained:  # the dense phase: every head open
+        if not self.gates_trained:  # the dense phase: the model keeps every head, whatever the rule would say
+            self._last_plan = {path: list(range(gate.num_heads)) for path, gate in zip(self.gates.paths, self.gates.gates)}
+            return
+        if self._last_plan is None:  # a fork from a gated checkpoint of another rule: this validation is the baseline
             self._last_plan = plan
             return
         changed = sum(len(set(plan[path]) ^ set(self._last_plan[path])) for path in plan)
@@ -323,6 +327,7 @@ class GatedSeq2Seq(L.LightningModule):
         checkpoint["dense_test"] = self.dense_test
         checkpoint["plan_changes"] = self.plan_changes
         checkpoint["last_plan"] = self._last_plan
+        checkpoint["last_plan_rule"] = list(self.pruning.export_rule(self.budget))
         checkpoint["teacher_ready"] = self._teacher_ready
         checkpoint["skipped_steps"] = self.skipped_steps
 
@@ -331,7 +336,8 @@ class GatedSeq2Seq(L.LightningModule):
         self.dense_test = checkpoint.get("dense_test")
         self.skipped_steps = checkpoint.get("skipped_steps", 0)
         self.plan_changes = checkpoint.get("plan_changes", [])
-        self._last_plan = checkpoint.get("last_plan")
+        same_rule = checkpoint.get("last_plan_rule") == list(self.pruning.export_rule(self.budget))
+        self._last_plan = checkpoint.get("last_plan") if same_rule or not checkpoint.get("plan_changes") else None
         self._teacher_ready = checkpoint.get("teacher_ready", False)
         state = checkpoint["state_dict"]
         saved_teacher = any(key.startswith("teacher.") for key in state)

@@ -155,9 +155,14 @@ def run(cfg: DictConfig, run_dir: Path, method: PlanMethod, module: GatedSeq2Seq
         exported[level.heads] = metrics
     gates.set_mode("open")
 
+    def test_bleu(heads: int, which: str) -> float | None:
+        return ((exported[heads]["test"] if heads in exported else {}).get(which) or {}).get("bleu")
+
+    # test BLEU of the export as verified, and of the fine-tuned model where there is one
     summary = [{"heads": level.heads, **level.info, "exported": level.heads in exported,
-                "test_bleu": exported[level.heads]["test"].get("pruned", {}).get("bleu") if level.heads in exported
-                and exported[level.heads]["test"] else None} for level in levels]
+                "test_bleu": test_bleu(level.heads, "pruned_before_finetune") or test_bleu(level.heads, "pruned"),
+                "test_bleu_finetuned": test_bleu(level.heads, "pruned") if tuning.steps else None}
+               for level in levels]
     metrics = {**exported[chosen[-1].heads], "levels": summary}
     write_json(run_dir / "metrics.json", metrics)
     print(levels_table(metrics))
@@ -190,13 +195,21 @@ def level_metrics(level: Level, shipped: dict, ship_seconds: float, *, method: s
 
 
 def levels_table(metrics: dict) -> str:
-    """Every level: heads kept, validation BLEU and loss (before any fine-tuning), the exported model's test BLEU."""
+    """Every level: heads kept, validation BLEU and loss and test BLEU of the export as verified, and the test BLEU
+    of the fine-tuned model where the levels were fine-tuned."""
+    tuned = any(level.get("test_bleu_finetuned") is not None for level in metrics["levels"])
+
+    def bleu(value) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
     rows = [(level["heads"], *((f"{level['validation']['bleu']:.2f}", f"{level['validation']['loss']:.3f}")
                                if "validation" in level else ("-", "-")),
-             "-" if level["test_bleu"] is None else f"{level['test_bleu']:.2f}") for level in metrics["levels"]]
+             bleu(level["test_bleu"]), *([bleu(level["test_bleu_finetuned"])] if tuned else []))
+            for level in metrics["levels"]]
     dense = metrics["dense"]
-    rows.insert(0, (metrics["heads_total"], f"{dense['bleu']:.2f}", f"{dense['loss']:.3f}",
-                    f"{metrics['test']['dense']['bleu']:.2f}" if "dense" in metrics["test"] else "-"))
+    dense_test = metrics["test"]["dense"]["bleu"] if "dense" in metrics["test"] else None
+    rows.insert(0, (metrics["heads_total"], f"{dense['bleu']:.2f}", f"{dense['loss']:.3f}", bleu(dense_test),
+                    *(["-"] if tuned else [])))
     return (f"{metrics['method']}: heads kept per level (first row: the model pruned from)\n"
-            + format_table(["heads", "validation BLEU", "validation loss", "test BLEU (exported)"],
-                           rows))
+            + format_table(["heads", "validation BLEU", "validation loss", "test BLEU (exported)",
+                            *(["test BLEU (fine-tuned)"] if tuned else [])], rows))

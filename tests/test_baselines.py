@@ -251,11 +251,16 @@ def test_michel_exports_only_the_smallest_level_within_its_bleu_loss(dense_run, 
     assert strict.choose(scored, dense_bleu=20.0) == ["b"] and strict.choose(scored, dense_bleu=30.0) == []
 
 
-def test_a_method_fine_tunes_its_levels_when_asked(dense_run, tmp_path):
+def test_a_method_fine_tunes_its_levels_when_asked(dense_run, tmp_path, capsys):
     metrics = train(compose_train(tmp_path / "run", "experiment=smoke", f"resume={dense_run}", "pruning=random",
                                   "pruning.heads=8", "finetune.steps=3"))
     assert metrics["finetune"]["steps"] == 3 and (tmp_path / "run" / "levels" / "008_heads" / "pruned_finetuned").is_dir()
-    assert "pruned_before_finetune" in metrics["test"]
+    # the levels summary keeps the export's test score and the fine-tuned model's apart, and the table shows both
+    (level,) = metrics["levels"]
+    assert level["test_bleu"] == metrics["test"]["pruned_before_finetune"]["bleu"]
+    assert level["test_bleu_finetuned"] == metrics["test"]["pruned"]["bleu"]
+    header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("heads "))
+    assert header.split("  ")[-1].strip() == "test BLEU (fine-tuned)"
 
 
 def test_a_method_starts_from_a_pretrained_model_directory(tmp_path):

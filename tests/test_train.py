@@ -135,7 +135,19 @@ def test_under_a_head_budget_the_stable_plan_is_the_top_k_set_once_the_target_ha
                                   "pruning.stop_when_stable=2", "export.enabled=false"))
     changes = metrics["convergence"]["plan_changes"]
     assert [c["step"] for c in changes] == [12, 14, 16, 18] and metrics["steps"] == 18
-    assert [c["changed"] for c in changes] == [0, 0, 0, 0]
+    # the first gated validation counts against the dense model (all 24 heads kept): the 14 the budget drops
+    assert [c["changed"] for c in changes] == [14, 0, 0, 0]
+
+
+def test_a_fork_into_another_rule_takes_its_first_validation_as_the_baseline(tmp_path):
+    # an l0 run's plans are log_alpha > 0; a head-budget fork from its gated checkpoint keeps a top-k set: comparing
+    # one with the other would count heads that changed rule, not side, so the fork's first validation records nothing
+    common = ("experiment=smoke", "trainer.val_check_interval=2", "export.enabled=false")
+    source = train(compose_train(tmp_path / "l0", *common, "trainer.max_steps=14"))
+    assert [c["step"] for c in source["convergence"]["plan_changes"]] == [12, 14]
+    fork = train(compose_train(tmp_path / "budget", *common, "trainer.max_steps=18", "pruning=l0_budget",
+                               "pruning.target_heads=10", f"resume={tmp_path / 'l0' / 'checkpoints' / 'last.ckpt'}"))
+    assert [c["step"] for c in fork["convergence"]["plan_changes"]] == [12, 14, 18]
 
 
 def test_plan_changes_are_counted_per_validation(smoke_run):
