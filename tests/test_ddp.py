@@ -57,3 +57,13 @@ def test_two_gloo_processes_keep_identical_gates_and_read_disjoint_data(tmp_path
     again = json.loads((single / "metrics.json").read_text())
     assert again["steps"] == 30 and again["plan"] == metrics["plan"]
     assert (again["bleu"], again["chrf"]) == (metrics["bleu"], metrics["chrf"])
+
+
+def test_after_ddp_training_rank_0_exports_and_fine_tunes_on_one_device(tmp_path):
+    # fine-tuning is on by default: it runs after the DDP fit, in rank 0 alone, with a trainer of its own
+    run_dir = tmp_path / "ddp_finetune"
+    _train(run_dir, "trainer=ddp_cpu", "trainer.max_steps=12", "export.enabled=true", "finetune.steps=3")
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "done" and metrics["steps"] == 12
+    assert metrics["finetune"]["steps"] == 3 and metrics["model"].startswith("exported, fine-tuned 3 steps")
+    assert (run_dir / "pruned_finetuned" / "config.json").is_file() and metrics["export"]["verification"]["passed"]
