@@ -356,8 +356,16 @@ class GatedSeq2Seq(L.LightningModule):
         this method has none."""
         state = checkpoint["state_dict"]
         saved_budget = [k for k in state if k.startswith("budget.")]
+        fresh = {f"budget.{k}": v for k, v in self.budget.state_dict().items()} if self.budget is not None else {}
+        regrouped = saved_budget and fresh and any(state[k].shape != v.shape for k, v in fresh.items() if k in state)
+        if regrouped:  # a budget over other groups (one total, or one per kind): its multipliers start afresh
+            state.update(fresh)
+            for optimizer in checkpoint.get("optimizer_states", []):
+                if len(optimizer["param_groups"]) == 3:
+                    for index in optimizer["param_groups"][2]["params"]:
+                        optimizer["state"].pop(index, None)
         if self.budget is not None and not saved_budget:
-            state.update({f"budget.{k}": v for k, v in self.budget.state_dict().items()})
+            state.update(fresh)
         elif self.budget is None:
             for key in saved_budget:
                 del state[key]

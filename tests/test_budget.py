@@ -85,3 +85,17 @@ def test_a_per_kind_budget_is_accepted_from_the_command_line_and_nan_refused(tmp
     bad = compose_train(tmp_path, "pruning=l0_budget", "pruning.target_heads={encoder:nan}")
     with pytest.raises(Exception, match=r"pruning.target_heads=\{'encoder': nan\} is not a finite number"):
         instantiate(bad.pruning, _convert_="all")
+
+
+def test_a_fork_from_a_total_budget_into_a_per_kind_budget_starts_its_multipliers_afresh(tmp_path):
+    # one multiplier pair (total) in the source, three (one per kind) in the fork: the weights, gates and their
+    # optimiser state carry over, the multipliers and their optimiser state start again, and the fork meets its targets
+    common = ("experiment=smoke", "export.enabled=true", "pruning=l0_budget")
+    train(compose_train(tmp_path / "total", *common, "pruning.target_heads=10", "trainer.max_steps=14",
+                        "export.enabled=false"))
+    metrics = train(compose_train(tmp_path / "kinds", *common, "pruning.target_heads={encoder:2,decoder:3,cross:4}",
+                                  "trainer.max_steps=18", f"resume={tmp_path / 'total' / 'checkpoints' / 'last.ckpt'}"))
+    assert metrics["steps"] == 18
+    assert {k: metrics["heads_alive"][k] for k in ("encoder", "decoder", "cross")} == {"encoder": 2, "decoder": 3, "cross": 4}
+    state = torch.load(tmp_path / "kinds" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert state["state_dict"]["budget.lambda1"].shape == (3,)
