@@ -24,7 +24,7 @@ from gatedprune.finalise import headline, ship
 from gatedprune.finetune import FineTuneConfig
 from gatedprune.importance import head_importance
 from gatedprune.lightning_module import GatedSeq2Seq
-from gatedprune.report import heads_kept, export_plan, versions
+from gatedprune.report import export_plan, heads_in_model, heads_kept, versions
 from gatedprune.utils import format_table, write_json
 
 
@@ -139,7 +139,7 @@ def run(cfg: DictConfig, run_dir: Path, method: PlanMethod, module: GatedSeq2Seq
     val_pairs = datamodule.pairs["validation"][: cfg.export.samples]
     common = dict(method=method.label(), settings=method.describe(), dense=dense, seconds=seconds,
                   evaluations=probe.evaluations, seed=cfg.seed, checkpoint=str(checkpoint) if checkpoint else None,
-                  heads_per_kind=gates.heads_per_kind(), params_before=sum(p.numel() for p in model.parameters()))
+                  params_before=sum(p.numel() for p in model.parameters()))
     exported = {}
     for level in chosen:
         level_dir = run_dir / "levels" / f"{level.heads:03d}_heads"
@@ -170,7 +170,7 @@ def run(cfg: DictConfig, run_dir: Path, method: PlanMethod, module: GatedSeq2Seq
 
 
 def level_metrics(level: Level, shipped: dict, ship_seconds: float, *, method: str, settings: dict, dense: dict,
-                  seconds: float, evaluations: int, seed: int, checkpoint: str | None, heads_per_kind: dict,
+                  seconds: float, evaluations: int, seed: int, checkpoint: str | None,
                   params_before: int) -> dict:
     """metrics.json of one exported level: the keys a gated run's metrics.json has for the model it ships."""
     export, exported, finetuned = shipped["export"], shipped["exported"], shipped["finetuned"]
@@ -180,7 +180,8 @@ def level_metrics(level: Level, shipped: dict, ship_seconds: float, *, method: s
         "method": method, "model": name,
         "bleu": exported["bleu"], "chrf": exported["chrf"], "val_loss": exported["loss"],
         "heads_alive": heads_kept(export), "params": export["params_after"], "plan": export_plan(export),
-        "heads_total": heads_per_kind["total"], "heads_per_kind": heads_per_kind, "params_before": params_before,
+        "heads_total": heads_in_model(export)["total"], "heads_per_kind": heads_in_model(export),
+        "params_before": params_before,
         "l0_lambda": None, "target_heads": level.heads, "settings": settings, "level": level.info,
         "seconds": {"method": seconds, "export_and_score": ship_seconds}, "evaluations": evaluations,
         "checkpoint": checkpoint,

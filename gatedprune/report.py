@@ -34,6 +34,12 @@ def heads_kept(export_report: dict) -> dict[str, int]:
     return {kind: kept for kind, (kept, _) in export_report["heads_kept"].items()}
 
 
+def heads_in_model(export_report: dict) -> dict[str, int]:
+    """``{"total", kind...: heads}`` the unpruned model had, over the kinds the export counts (gated or not), so
+    ``heads_alive`` and ``heads_total`` of an exported model count the same heads."""
+    return {kind: total for kind, (_, total) in export_report["heads_kept"].items()}
+
+
 def export_plan(export_report: dict) -> dict[str, list[int]]:
     """``{attention module path: kept heads}`` of an export report (its plan is grouped by kind)."""
     return {path: kept for per_kind in export_report["plan"].values() for path, kept in per_kind.items()}
@@ -73,8 +79,9 @@ def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoin
     metrics = {
         "method": "gated" if gated else "dense",
         **described,
-        "heads_total": module.heads_total()["total"],
-        "heads_per_kind": module.heads_total(),
+        # gated heads; with an export, every head of the model (an ungated kind keeps all of its heads)
+        "heads_total": (heads_in_model(export) if exported is not None else module.heads_total())["total"],
+        "heads_per_kind": heads_in_model(export) if exported is not None else module.heads_total(),
         "params_before": params_before,
         "gated": gated_numbers,
         "expected_open": final["val/expected_open"],
