@@ -203,7 +203,9 @@ def _fit_and_report(
         run_dir / "val_pairs.jsonl", "".join(json.dumps({"source": s, "target": t}) + "\n" for s, t in val_pairs)
     )
     report = dict(seed=cfg.seed, checkpoint=str(run_dir / "checkpoints" / "last.ckpt"), head_budget=cfg.get("head_budget"))
-    write_json(run_dir / "metrics.json", run_metrics(module, trainer, final, **report))  # in case export fails
+    # the gated model's numbers, kept if the export fails; replaced by the shipped model's when it succeeds
+    interim = {"note": "the gated model before export; the test split is scored after the export (see status.json)"}
+    write_json(run_dir / "metrics.json", run_metrics(module, trainer, final, **report, test=interim))
     shipped = finalise(cfg, module, datamodule, tuning, val_pairs, run_dir, trainer.strategy.root_device)
     metrics = run_metrics(module, trainer, final, **report, **shipped)
     metrics["seconds"] = {**seconds, "run": time.perf_counter() - start}

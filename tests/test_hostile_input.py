@@ -270,6 +270,9 @@ def test_a_failed_export_verification_in_train_is_one_line(tmp_path):
     proc = run_train(run_dir, "trainer.max_steps=12", prefix=["import gatedprune.export as e", "e.TOLERANCE = -1.0"])
     assert proc.returncode == 1 and "verification failed, nothing written to" in error_line(proc)
     assert _strict_json(run_dir / "status.json")["status"] == "failed" and not (run_dir / "pruned").exists()
+    # the gated model's numbers stay, saying what they are; no claim about a test split that was never reached
+    metrics = _strict_json(run_dir / "metrics.json")
+    assert metrics["model"].startswith("gated") and "scored after the export" in metrics["test"]["note"]
 
 
 def test_resuming_a_checkpoint_of_another_model_names_the_fields(finished_run, tmp_path):
