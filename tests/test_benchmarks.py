@@ -113,3 +113,37 @@ def test_train_overhead_quick_writes_its_page(tmp_path):
     assert f"`.venv/bin/python benchmarks/train_overhead.py --quick --out {out}`" in text
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| default")]
     assert len(rows) == 1 and float(rows[0][-1].rstrip(" |")) > 0
+
+
+def test_quality_table_pairs_each_pruned_model_with_the_dense_run_of_its_seed_and_length(tmp_path):
+    from statistics import mean, stdev
+
+    table = _load("quality_table")
+
+    def run(name, metrics, overrides, status="done"):
+        folder = tmp_path / name
+        (folder / ".hydra").mkdir(parents=True)
+        (folder / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+        (folder / "status.json").write_text(json.dumps({"status": status}))
+        (folder / "metrics.json").write_text(json.dumps({"seconds": {"run": 100.0}, **metrics}))
+
+    dense = {(1, 850): 11.0, (1, 950): 12.0, (2, 850): 10.0, (2, 950): 11.5}
+    for (seed, steps), bleu in dense.items():
+        run(f"dense_{steps}_s{seed}", {"method": "dense", "seed": seed, "steps": steps, "test": {"dense": {"bleu": bleu}}},
+            ["+quality=dense", f"seed={seed}"])
+    tuned = {1: (9.0, 11.5), 2: (8.0, 11.0)}  # seed: (export, fine-tuned)
+    for seed, (export, final) in tuned.items():
+        run(f"ft_s{seed}", {"method": "gated", "seed": seed, "steps": 850, "heads_alive": {"total": 28},
+                            "finetune": {"steps": 100},
+                            "test": {"pruned_before_finetune": {"bleu": export}, "pruned": {"bleu": final}}},
+            ["+quality=finetune", f"seed={seed}", "resume=/x", "quality_heads=28"])
+    run("unfinished", {"method": "gated", "seed": 3, "steps": 850, "heads_alive": {"total": 28}, "test": {}},
+        ["+quality=finetune", "seed=3"], status="running")
+    out = tmp_path / "gaps.md"
+    table.main([str(tmp_path), "--out", str(out)])
+    rows = {line.split(" | ")[1]: line for line in out.read_text().splitlines() if "+quality=finetune" in line}
+    export_gaps, final_gaps = [9.0 - 11.0, 8.0 - 10.0], [11.5 - 12.0, 11.0 - 11.5]
+    assert f"| 28 | 850 | 1, 2 | {mean([9.0, 8.0]):.2f} ± {stdev([9.0, 8.0]):.2f} | 10.50 ± 0.71 | " \
+           f"{mean(export_gaps):.2f} ± {stdev(export_gaps):.2f} | 100 |" in rows["export"]
+    assert f"| 28 | 950 | 1, 2 | 11.25 ± 0.35 | 11.75 ± 0.35 | {mean(final_gaps):.2f} ± {stdev(final_gaps):.2f} |" \
+        in rows["fine-tuned 100 steps"]

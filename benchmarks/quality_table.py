@@ -1,0 +1,90 @@
+"""Pruned models against dense models trained for the same number of steps, per seed (docs/quality.md).
+
+    python benchmarks/quality_table.py <folder of runs> [--out docs/quality/gaps.md]
+
+Every finished run under the folder (a directory with metrics.json and status.json "done") is read. A dense run
+(method "dense") is the reference of its seed at its step count. A pruning run gives up to two rows: its export as
+verified (test.pruned_before_finetune, or test.pruned when it was not fine-tuned), compared with the dense run of
+its seed at the same step count, and its fine-tuned model (test.pruned), compared with the dense run at that step
+count plus the fine-tuning steps. Rows are grouped by protocol (the run's Hydra overrides, less seed, resume,
+experiment and quality_heads) and heads kept; a group gives the mean ± sample standard deviation over seeds of test
+BLEU and of the per-seed gap (pruned - dense; a missing reference leaves the gap out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from statistics import mean, stdev
+
+import yaml
+
+_NOT_PROTOCOL = ("seed=", "resume=", "experiment=", "quality_heads=", "hydra.")
+
+
+def _spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{mean(values):.2f} ± {stdev(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
+
+
+def read_runs(root: Path) -> tuple[dict, list[dict]]:
+    """({(seed, steps): dense test BLEU}, [one entry per pruned model: protocol, heads, seed, steps, bleu, seconds])."""
+    dense, pruned = {}, []
+    for status in sorted(root.rglob("status.json")):
+        run = status.parent
+        if json.loads(status.read_text()).get("status") != "done" or not (run / "metrics.json").is_file():
+            continue
+        metrics = json.loads((run / "metrics.json").read_text())
+        test, seed, steps = metrics.get("test") or {}, metrics.get("seed"), metrics["steps"]
+        if metrics["method"] == "dense":
+            dense[(seed, steps)] = test["dense"]["bleu"]
+            continue
+        overrides = yaml.safe_load((run / ".hydra" / "overrides.yaml").read_text()) or []
+        protocol = " ".join(o for o in overrides if not o.startswith(_NOT_PROTOCOL)) or "(defaults)"
+        tuned = (metrics.get("finetune") or {}).get("steps", 0)
+        export = test.get("pruned_before_finetune") or test.get("pruned")
+        common = dict(heads=metrics["heads_alive"]["total"], seed=seed, seconds=metrics["seconds"]["run"])
+        pruned.append({**common, "protocol": protocol, "model": "export", "steps": steps, "bleu": export["bleu"]})
+        if tuned:
+            pruned.append({**common, "protocol": protocol, "model": f"fine-tuned {tuned} steps", "steps": steps + tuned,
+                           "bleu": test["pruned"]["bleu"]})
+    return dense, pruned
+
+
+def table(dense: dict, pruned: list[dict]) -> str:
+    groups: dict[tuple, list[dict]] = {}
+    for entry in pruned:
+        groups.setdefault((entry["protocol"], entry["model"], entry["heads"]), []).append(entry)
+    lines = ["| protocol (overrides) | model | heads kept | steps | seeds | test BLEU | same-length dense | gap (BLEU) "
+             "| wall time of the run (s, mean) |", "|---|---|---|---|---|---|---|---|---|"]
+    for (protocol, model, heads), members in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1], -g[0][2])):
+        references = [dense.get((m["seed"], m["steps"])) for m in members]
+        gaps = [m["bleu"] - ref for m, ref in zip(members, references) if ref is not None]
+        steps = sorted({m["steps"] for m in members})
+        lines.append(
+            f"| {protocol} | {model} | {heads} | {', '.join(map(str, steps))} | "
+            f"{', '.join(str(m['seed']) for m in members)} | {_spread([m['bleu'] for m in members])} | "
+            f"{_spread([r for r in references if r is not None])} | {_spread(gaps)} | "
+            f"{mean(m['seconds'] for m in members):.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path, help="a folder of finished runs (dense and pruned)")
+    parser.add_argument("--out", type=Path, default=None, help="also write the table to this Markdown file")
+    args = parser.parse_args(argv)
+    dense, pruned = read_runs(args.root)
+    if not pruned:
+        raise SystemExit(f"{args.root}: no finished pruning run")
+    text = table(dense, pruned)
+    print(text)
+    if args.out:
+        args.out.write_text(f"# Pruned against same-length dense models: {args.root}\n\n" + text)
+
+
+if __name__ == "__main__":
+    main()
