@@ -76,12 +76,13 @@ def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoin
         described = {"model": f"gated (pruning.eval_gate_mode={gated_numbers['gate_mode']})" if gated else "dense",
                      **{k: gated_numbers[k] for k in ("bleu", "chrf", "val_loss", "heads_alive")},
                      "params": params_before, "plan": gates.plan()}
+    # gated heads; with an export, every head of the model (an ungated kind keeps all of its heads)
+    per_kind = heads_in_model(export) if exported is not None else module.heads_total()
     metrics = {
         "method": "gated" if gated else "dense",
         **described,
-        # gated heads; with an export, every head of the model (an ungated kind keeps all of its heads)
-        "heads_total": (heads_in_model(export) if exported is not None else module.heads_total())["total"],
-        "heads_per_kind": heads_in_model(export) if exported is not None else module.heads_total(),
+        "heads_total": per_kind["total"],
+        "heads_per_kind": per_kind,
         "params_before": params_before,
         "gated": gated_numbers,
         "expected_open": final["val/expected_open"],
