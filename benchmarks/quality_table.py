@@ -8,7 +8,9 @@ verified (test.pruned_before_finetune, or test.pruned when it was not fine-tuned
 its seed at the same step count, and its fine-tuned model (test.pruned), compared with the dense run at that step
 count plus the fine-tuning steps. Rows are grouped by protocol (the run's Hydra overrides, less seed, resume,
 experiment and quality_heads) and heads kept; a group gives the mean ± sample standard deviation over seeds of test
-BLEU and of the per-seed gap (pruned - dense; a missing reference leaves the gap out).
+BLEU and of the per-seed gap (pruned - dense; a seed without a dense run of exactly that length is left out of the
+gap, which then names the seeds it covers). Runs without a test score (no test split, no export) and runs of the
+methods that score a trained model (they train no steps) are skipped.
 """
 
 from __future__ import annotations
@@ -37,14 +39,22 @@ def read_runs(root: Path) -> tuple[dict, list[dict]]:
         if json.loads(status.read_text()).get("status") != "done" or not (run / "metrics.json").is_file():
             continue
         metrics = json.loads((run / "metrics.json").read_text())
-        test, seed, steps = metrics.get("test") or {}, metrics.get("seed"), metrics["steps"]
-        if metrics["method"] == "dense":
-            dense[(seed, steps)] = test["dense"]["bleu"]
+        test, seed, steps = metrics.get("test") or {}, metrics.get("seed"), metrics.get("steps")
+        if steps is None:  # Michel, A*, random: no training steps to match a dense run with
             continue
-        overrides = yaml.safe_load((run / ".hydra" / "overrides.yaml").read_text()) or []
-        protocol = " ".join(o for o in overrides if not o.startswith(_NOT_PROTOCOL)) or "(defaults)"
+        if metrics["method"] == "dense":
+            if "dense" in test:
+                if (seed, steps) in dense:
+                    print(f"warning: two dense runs of seed {seed} at step {steps}; {run} is the one used")
+                dense[(seed, steps)] = test["dense"]["bleu"]
+            continue
         tuned = (metrics.get("finetune") or {}).get("steps", 0)
-        export = test.get("pruned_before_finetune") or test.get("pruned")
+        export = test.get("pruned_before_finetune") if tuned else test.get("pruned")
+        if export is None:  # not exported, or no test split
+            continue
+        overrides_file = run / ".hydra" / "overrides.yaml"
+        overrides = (yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else None) or []
+        protocol = " ".join(sorted(o for o in overrides if not o.startswith(_NOT_PROTOCOL))) or "(defaults)"
         common = dict(heads=metrics["heads_alive"]["total"], seed=seed, seconds=metrics["seconds"]["run"])
         pruned.append({**common, "protocol": protocol, "model": "export", "steps": steps, "bleu": export["bleu"]})
         if tuned:
@@ -62,11 +72,13 @@ def table(dense: dict, pruned: list[dict]) -> str:
     for (protocol, model, heads), members in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1], -g[0][2])):
         references = [dense.get((m["seed"], m["steps"])) for m in members]
         gaps = [m["bleu"] - ref for m, ref in zip(members, references) if ref is not None]
+        paired = [str(m["seed"]) for m, ref in zip(members, references) if ref is not None]
+        gap = _spread(gaps) + (f" (seeds {', '.join(paired)})" if gaps and len(paired) < len(members) else "")
         steps = sorted({m["steps"] for m in members})
         lines.append(
             f"| {protocol} | {model} | {heads} | {', '.join(map(str, steps))} | "
             f"{', '.join(str(m['seed']) for m in members)} | {_spread([m['bleu'] for m in members])} | "
-            f"{_spread([r for r in references if r is not None])} | {_spread(gaps)} | "
+            f"{_spread([r for r in references if r is not None])} | {gap} | "
             f"{mean(m['seconds'] for m in members):.0f} |"
         )
     return "\n".join(lines) + "\n"

@@ -139,8 +139,24 @@ def test_quality_table_pairs_each_pruned_model_with_the_dense_run_of_its_seed_an
             ["+quality=finetune", f"seed={seed}", "resume=/x", "quality_heads=28"])
     run("unfinished", {"method": "gated", "seed": 3, "steps": 850, "heads_alive": {"total": 28}, "test": {}},
         ["+quality=finetune", "seed=3"], status="running")
+    # skipped, without failing: a dense run with no test split, a Michel level (no steps), a gated run not exported
+    run("dense_no_test", {"method": "dense", "seed": 2, "steps": 1050, "test": {"note": "no test split"}}, [])
+    run("michel", {"method": "michel", "seed": 1, "heads_alive": {"total": 28}, "test": {"pruned": {"bleu": 5.0}}}, [])
+    run("gated_only", {"method": "gated", "seed": 1, "steps": 850, "heads_alive": {"total": 28},
+                       "test": {"gated": {"bleu": 5.0}}}, ["+quality=plain"])
+    # a run whose dense reference of seed 2 is missing: the gap names the seed it covers
+    for seed, bleu in ((1, 13.0), (2, 12.0)):
+        run(f"converged_s{seed}", {"method": "gated", "seed": seed, "steps": 1050, "heads_alive": {"total": 28},
+                                   "test": {"pruned": {"bleu": bleu}}}, ["+quality=converged", f"seed={seed}"])
+    run("dense_1050_s1", {"method": "dense", "seed": 1, "steps": 1050, "test": {"dense": {"bleu": 14.0}}}, [])
+    run("no_overrides", {"method": "gated", "seed": 2, "steps": 850, "heads_alive": {"total": 20},
+                         "test": {"pruned": {"bleu": 7.0}}}, [])
+    (tmp_path / "no_overrides" / ".hydra" / "overrides.yaml").unlink()  # its protocol is then "(defaults)"
     out = tmp_path / "gaps.md"
     table.main([str(tmp_path), "--out", str(out)])
+    assert "| +quality=converged | export | 28 | 1050 | 1, 2 | 12.50 ± 0.71 | 14.00 | -1.00 (seeds 1) |" in out.read_text()
+    assert "| (defaults) | export | 20 | 850 | 2 | 7.00 | 10.00 | -3.00 |" in out.read_text()
+    assert "+quality=plain" not in out.read_text() and "michel" not in out.read_text()
     rows = {line.split(" | ")[1]: line for line in out.read_text().splitlines() if "+quality=finetune" in line}
     export_gaps, final_gaps = [9.0 - 11.0, 8.0 - 10.0], [11.5 - 12.0, 11.0 - 11.5]
     assert f"| 28 | 850 | 1, 2 | {mean([9.0, 8.0]):.2f} ± {stdev([9.0, 8.0]):.2f} | 10.50 ± 0.71 | " \
