@@ -55,7 +55,9 @@ def check_equivalent(model, plan, generate: bool = True):
         expected_tokens = greedy(model) if generate else None
     before, removed = count_parameters(model), removed_parameters(model, plan)
     prune_heads(model, plan)
-    torch.testing.assert_close(logits(model), expected, rtol=0, atol=1e-5)
+    # float32 closeness (torch's defaults: atol 1e-5 plus rtol 1.3e-6 of the logit): the pruned projections sum
+    # over fewer heads in another order, and an absolute bound alone failed by 1e-8 on an mT5 logit of 5.4
+    torch.testing.assert_close(logits(model), expected, rtol=1.3e-6, atol=1e-5)
     if generate:
         assert torch.equal(greedy(model), expected_tokens)
     assert count_parameters(model) == before - removed
