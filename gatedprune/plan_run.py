@@ -160,7 +160,7 @@ def run(cfg: DictConfig, run_dir: Path, method: PlanMethod, module: GatedSeq2Seq
 
     # test BLEU of the export as verified, and of the fine-tuned model where there is one
     summary = [{"heads": level.heads, **level.info, "exported": level.heads in exported,
-                "test_bleu": test_bleu(level.heads, "pruned_before_finetune") or test_bleu(level.heads, "pruned"),
+                "test_bleu": test_bleu(level.heads, "pruned_before_finetune" if tuning.steps else "pruned"),
                 "test_bleu_finetuned": test_bleu(level.heads, "pruned") if tuning.steps else None}
                for level in levels]
     metrics = {**exported[chosen[-1].heads], "levels": summary}
@@ -174,13 +174,14 @@ def level_metrics(level: Level, shipped: dict, ship_seconds: float, *, method: s
                   params_before: int) -> dict:
     """metrics.json of one exported level: the keys a gated run's metrics.json has for the model it ships."""
     export, exported, finetuned = shipped["export"], shipped["exported"], shipped["finetuned"]
+    totals = heads_in_model(export)
     name = f"exported, fine-tuned {finetuned['steps']} steps ({finetuned['dir']})" if finetuned else "exported"
     test = {**({"dense": dense["test"]} if dense["test"] else {}), **shipped["test"]}
     return {
         "method": method, "model": name,
         "bleu": exported["bleu"], "chrf": exported["chrf"], "val_loss": exported["loss"],
         "heads_alive": heads_kept(export), "params": export["params_after"], "plan": export_plan(export),
-        "heads_total": heads_in_model(export)["total"], "heads_per_kind": heads_in_model(export),
+        "heads_total": totals["total"], "heads_per_kind": totals,
         "params_before": params_before,
         "l0_lambda": None, "target_heads": level.heads, "settings": settings, "level": level.info,
         "seconds": {"method": seconds, "export_and_score": ship_seconds}, "evaluations": evaluations,
