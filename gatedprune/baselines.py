@@ -22,11 +22,11 @@ from typing import ClassVar, Protocol
 
 import torch
 
-from gatedprune.adapters import ATTENTION_KINDS, check_kinds
+from gatedprune.adapters import ATTENTION_KINDS
 from gatedprune.budget import head_count
 from gatedprune.distill import DistillOptions
 from gatedprune.importance import rank_heads
-from gatedprune.utils import check_numbers
+from gatedprune.methods import check_method_fields
 
 Head = tuple[str, int]  # (attention module path, head index)
 Plan = dict[str, list[int]]
@@ -72,10 +72,7 @@ class PlanMethod:
     eval_pairs: int = 200  # the fixed validation subset a method measures on (the shortest sources first)
 
     def __post_init__(self) -> None:
-        check_numbers("pruning", self)
-        if isinstance(self.distill, dict):
-            self.distill = DistillOptions(**self.distill)
-        self.kinds = check_kinds(self.kinds)
+        check_method_fields(self)
         if self.eval_pairs < 1:
             raise ValueError(f"pruning.eval_pairs={self.eval_pairs}; allowed: an integer >= 1")
 

@@ -28,6 +28,16 @@ from gatedprune.head_gates import PENALTY_NORMALISATIONS, HeadGates
 from gatedprune.utils import check_numbers
 
 
+
+def check_method_fields(method) -> None:
+    """What every method (gated or scoring a trained model) checks of its config: its numbers, the attention kinds,
+    and the distillation options (a dict when they come from a config file)."""
+    check_numbers("pruning", method)
+    if isinstance(method.distill, dict):
+        method.distill = DistillOptions(**method.distill)
+    method.kinds = check_kinds(method.kinds)
+
+
 @dataclass
 class GatedPruning:
     """What is gated, when gating starts, and the gates' own settings."""
@@ -49,13 +59,10 @@ class GatedPruning:
     distill: DistillOptions = field(default_factory=DistillOptions)  # from the dense model, while gating
 
     def __post_init__(self) -> None:
-        check_numbers("pruning", self)
+        check_method_fields(self)
         if isinstance(self.gates, dict):  # from a config file
             check_numbers("pruning.gates", GateOptions, self.gates)
             self.gates = GateOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in self.gates.items()})
-        if isinstance(self.distill, dict):
-            self.distill = DistillOptions(**self.distill)
-        self.kinds = check_kinds(self.kinds)
         if self.start_step < 0:
             raise ValueError(f"pruning.start_step={self.start_step} is negative; allowed: an integer >= 0")
         if self.stop_when_stable is not None and self.stop_when_stable < 1:
