@@ -18,7 +18,7 @@ import torch
 from omegaconf import DictConfig
 
 from gatedprune.baselines import Head, Level, PlanMethod
-from gatedprune.checkpoints import load_checkpoint_file, strip_prefix
+from gatedprune.checkpoints import strip_prefix
 from gatedprune.evaluate import corpus_scores, generate, token_cross_entropy
 from gatedprune.finalise import headline, ship
 from gatedprune.finetune import FineTuneConfig
@@ -95,11 +95,10 @@ def check_dense(path: Path, saved: dict) -> None:
         )
 
 
-def load_weights(module: GatedSeq2Seq, checkpoint: Path | None) -> None:
-    """The trained model's weights from ``checkpoint`` (model weights only; gates stay open). The teacher, if
-    fine-tuning distils, is this model too."""
-    if checkpoint is not None:
-        saved = load_checkpoint_file(checkpoint)  # checked at set-up (check_dense)
+def load_weights(module: GatedSeq2Seq, saved: dict | None) -> None:
+    """The trained model's weights from the loaded checkpoint ``saved`` (model weights only; gates stay open; None:
+    the model as built, e.g. pretrained). The teacher, if fine-tuning distils, is this model too."""
+    if saved is not None:
         module.model.load_state_dict(strip_prefix(saved["state_dict"], "model."))
     if module.teacher is not None:
         module.teacher.load_state_dict(module.model.state_dict())
@@ -108,8 +107,7 @@ def load_weights(module: GatedSeq2Seq, checkpoint: Path | None) -> None:
 def run(cfg: DictConfig, run_dir: Path, method: PlanMethod, module: GatedSeq2Seq, datamodule,
         tuning: FineTuneConfig, checkpoint: Path | None, device: torch.device) -> dict:
     """Score the model, find the method's levels, export them; returns the run's metrics (also in metrics.json)."""
-    run_start = time.perf_counter()
-    load_weights(module, checkpoint)
+    run_start = time.perf_counter()  # the weights were loaded at set-up (load_weights)
     module.to(device)  # the model, its gates (the masks) and the teacher, if fine-tuning distils
     model, gates = module.model.eval(), module.gates
     shutil.rmtree(run_dir / "levels", ignore_errors=True)  # a relaunch with other levels leaves none of the old

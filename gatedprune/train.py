@@ -163,13 +163,14 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
         kinds = pruning.kinds if pruning.trains_gates else saved["gate_kinds"]  # a plan method takes weights only
         for field in check_resumable(checkpoint, saved, model, kinds):
             print(f"warning: resuming with a model config field changed: {field}")
-        del saved
     # a method that scores a trained model gates its heads only to mask them: the gates' own settings do not apply
     gating = pruning if pruning.trains_gates else GatedPruning(kinds=pruning.kinds, distill=pruning.distill)
     module = _instantiate(cfg.module)(model=model, tokenizer=tokenizer, pruning=gating, optim=optim,
                                       generation=generation, test_generation=test_generation)
     if not pruning.trains_gates:
         pruning.check(module.gates.num_heads)
+        plan_run.load_weights(module, saved)  # the file read once; a gated run loads it in trainer.fit
+    del saved
     datamodule.setup("fit")  # tokenises, and refuses a training set that length filtering emptied
 
     loggers = [instantiate(c) for c in cfg.logger.values()]

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from helpers import compose_train, error_line, run_train
+from safetensors.torch import load_file
 
 from gatedprune.baselines import AStar, Michel, Random, head_counts, search
 from gatedprune.evaluate import token_cross_entropy
@@ -217,6 +218,11 @@ def test_every_method_exports_its_levels_verified_and_scored_on_the_test_split(m
         assert sum(map(len, level_metrics["plan"].values())) == level
         assert {"dense", "pruned"} <= set(level_metrics["test"])
         assert (out / "levels" / f"{level:03d}_heads" / "pruned" / "config.json").is_file()
+    # the levels are cut from the dense checkpoint's weights: what head pruning leaves alone is theirs exactly
+    dense = torch.load(out.parent.parent / "dense" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    exported = load_file(out / "levels" / "012_heads" / "pruned" / "model.safetensors")
+    untouched = [k for k in exported if ("fc1" in k or "embed_positions" in k) and f"model.{k}" in dense]
+    assert untouched and all(torch.equal(exported[k], dense[f"model.{k}"]) for k in untouched)
     if name == "random":  # the plan exported is the draw of the run's seed
         metrics_12 = json.loads((out / "levels" / "012_heads" / "metrics.json").read_text())
         heads = [(path, h) for path in metrics_12["plan"] for h in range(4)]  # 4 heads per smoke module
