@@ -28,7 +28,6 @@ from gatedprune.head_gates import PENALTY_NORMALISATIONS, HeadGates
 from gatedprune.utils import check_numbers
 
 
-
 def check_method_fields(method) -> None:
     """What every method (gated or scoring a trained model) checks of its config: its numbers, the attention kinds,
     and the distillation options (a dict when they come from a config file)."""

@@ -23,6 +23,7 @@ from gatedprune import rundir
 from gatedprune import checkpoints
 from gatedprune.checkpoints import check_resumable, load_checkpoint_file
 from gatedprune.cli import BAD_INPUT, one_line
+from gatedprune.csv_logger import ResumableCSVLogger
 from gatedprune.export import check_out_dir
 from gatedprune.finalise import finalise
 from gatedprune.head_gates import RULES
@@ -163,6 +164,8 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
         kinds = pruning.kinds if pruning.trains_gates else saved["gate_kinds"]  # a plan method takes weights only
         for field in check_resumable(checkpoint, saved, model, kinds):
             print(f"warning: resuming with a model config field changed: {field}")
+        if pruning.trains_gates:  # trainer.fit reads the checkpoint itself: free it before the module is built
+            saved = None
     # a method that scores a trained model gates its heads only to mask them: the gates' own settings do not apply
     gating = pruning if pruning.trains_gates else GatedPruning(kinds=pruning.kinds, distill=pruning.distill)
     module = _instantiate(cfg.module)(model=model, tokenizer=tokenizer, pruning=gating, optim=optim,
@@ -174,6 +177,10 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
     datamodule.setup("fit")  # tokenises, and refuses a training set that length filtering emptied
 
     loggers = [instantiate(c) for c in cfg.logger.values()]
+    resumed_here = checkpoint is not None and run_dir.resolve() in checkpoint.resolve().parents
+    for logger in loggers:
+        if isinstance(logger, ResumableCSVLogger):  # a run continued in its own directory keeps its earlier rows
+            logger.resuming = resumed_here
     callbacks = [instantiate(c) for c in cfg.callbacks.values()]
     trainer: L.Trainer = instantiate(cfg.trainer, logger=loggers, callbacks=callbacks)
     if not pruning.trains_gates and trainer.world_size > 1:

@@ -207,7 +207,7 @@ def method_runs(dense_run):
 
 
 @pytest.mark.parametrize("name", sorted(METHOD_RUNS))
-def test_every_method_exports_its_levels_verified_and_scored_on_the_test_split(method_runs, name):
+def test_every_method_exports_its_levels_verified_and_scored_on_the_test_split(method_runs, dense_run, name):
     out, metrics = method_runs[name]
     assert [level["heads"] for level in metrics["levels"]] == [12, 6]
     assert metrics["heads_alive"]["total"] == 6 and metrics["method"] == name
@@ -219,7 +219,7 @@ def test_every_method_exports_its_levels_verified_and_scored_on_the_test_split(m
         assert {"dense", "pruned"} <= set(level_metrics["test"])
         assert (out / "levels" / f"{level:03d}_heads" / "pruned" / "config.json").is_file()
     # the levels are cut from the dense checkpoint's weights: what head pruning leaves alone is theirs exactly
-    dense = torch.load(out.parent.parent / "dense" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    dense = torch.load(dense_run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     exported = load_file(out / "levels" / "012_heads" / "pruned" / "model.safetensors")
     untouched = [k for k in exported if ("fc1" in k or "embed_positions" in k) and f"model.{k}" in dense]
     assert untouched and all(torch.equal(exported[k], dense[f"model.{k}"]) for k in untouched)
