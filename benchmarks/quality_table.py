@@ -1,6 +1,6 @@
 """Pruned models against dense models trained for the same number of steps, per seed (docs/quality.md).
 
-    python benchmarks/quality_table.py <folder of runs> [--out docs/quality/gaps.md]
+    python benchmarks/quality_table.py <folder of runs> [--out docs/quality/gaps.md] [--plot docs/quality/gaps.png]
 
 Every finished run under the folder (a directory with metrics.json and status.json "done") is read. A dense run
 (method "dense") is the reference of its seed at its step count. A pruning run gives up to two rows: its export as
@@ -10,7 +10,8 @@ count plus the fine-tuning steps. Rows are grouped by protocol (the run's Hydra 
 experiment and quality_heads) and heads kept; a group gives the mean ± sample standard deviation over seeds of test
 BLEU and of the per-seed gap (pruned - dense; a seed without a dense run of exactly that length is left out of the
 gap, which then names the seeds it covers). Runs without a test score (no test split, no export) and runs of the
-methods that score a trained model (they train no steps) are skipped.
+methods that score a trained model (they train no steps) are skipped. ``--plot`` draws the gap against heads kept,
+one line per protocol and model measured at two or more head counts, with the seeds' sample sd as error bars.
 """
 
 from __future__ import annotations
@@ -63,31 +64,65 @@ def read_runs(root: Path) -> tuple[dict, list[dict]]:
     return dense, pruned
 
 
-def table(dense: dict, pruned: list[dict]) -> str:
-    groups: dict[tuple, list[dict]] = {}
+def groups(dense: dict, pruned: list[dict]) -> list[dict]:
+    """One entry per protocol, model and heads kept (sorted so): its members, their dense references and gaps."""
+    grouped: dict[tuple, list[dict]] = {}
     for entry in pruned:
-        groups.setdefault((entry["protocol"], entry["model"], entry["heads"]), []).append(entry)
+        grouped.setdefault((entry["protocol"], entry["model"], entry["heads"]), []).append(entry)
+    out = []
+    for (protocol, model, heads), members in sorted(grouped.items(), key=lambda g: (g[0][0], g[0][1], -g[0][2])):
+        references = [dense.get((m["seed"], m["steps"])) for m in members]
+        out.append(dict(protocol=protocol, model=model, heads=heads, members=members, references=references,
+                        gaps=[m["bleu"] - ref for m, ref in zip(members, references) if ref is not None],
+                        paired=[str(m["seed"]) for m, ref in zip(members, references) if ref is not None]))
+    return out
+
+
+def table(dense: dict, pruned: list[dict]) -> str:
     lines = ["| protocol (overrides) | model | heads kept | steps | seeds | test BLEU | same-length dense | gap (BLEU) "
              "| wall time of the run (s, mean) |", "|---|---|---|---|---|---|---|---|---|"]
-    for (protocol, model, heads), members in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1], -g[0][2])):
-        references = [dense.get((m["seed"], m["steps"])) for m in members]
-        gaps = [m["bleu"] - ref for m, ref in zip(members, references) if ref is not None]
-        paired = [str(m["seed"]) for m, ref in zip(members, references) if ref is not None]
+    for g in groups(dense, pruned):
+        members, gaps, paired = g["members"], g["gaps"], g["paired"]
         gap = _spread(gaps) + (f" (seeds {', '.join(paired)})" if gaps and len(paired) < len(members) else "")
         steps = sorted({m["steps"] for m in members})
         lines.append(
-            f"| {protocol} | {model} | {heads} | {', '.join(map(str, steps))} | "
+            f"| {g['protocol']} | {g['model']} | {g['heads']} | {', '.join(map(str, steps))} | "
             f"{', '.join(str(m['seed']) for m in members)} | {_spread([m['bleu'] for m in members])} | "
-            f"{_spread([r for r in references if r is not None])} | {gap} | "
+            f"{_spread([r for r in g['references'] if r is not None])} | {gap} | "
             f"{mean(m['seconds'] for m in members):.0f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def plot(dense: dict, pruned: list[dict], path: Path, title: str) -> dict[str, list[tuple[int, float, float]]]:
+    """Write the gap-against-heads plot; returns what it drew: {label: [(heads, mean gap, sd), ...]}."""
+    from gatedprune.plots import plt, save_figure
+
+    series: dict[str, list[tuple[int, float, float]]] = {}
+    for g in groups(dense, pruned):
+        if g["gaps"]:
+            sd = stdev(g["gaps"]) if len(g["gaps"]) > 1 else 0.0
+            series.setdefault(f"{g['protocol']} ({g['model']})", []).append((g["heads"], mean(g["gaps"]), sd))
+    series = {label: sorted(points) for label, points in series.items() if len(points) > 1}
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for label, points in series.items():
+        heads, gaps, sds = zip(*points)
+        ax.errorbar(heads, gaps, yerr=sds, marker="o", capsize=3, label=label)
+    ax.axhline(0.0, color="grey", linewidth=1)
+    ax.axhline(-0.25, color="grey", linestyle="--", linewidth=1, label="0.25 BLEU below the dense model")
+    ax.set(xlabel="heads kept", ylabel="test BLEU - same-length dense model", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path)
+    return series
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", type=Path, help="a folder of finished runs (dense and pruned)")
     parser.add_argument("--out", type=Path, default=None, help="also write the table to this Markdown file")
+    parser.add_argument("--plot", type=Path, default=None, help="also draw the gaps against heads kept (PNG)")
     args = parser.parse_args(argv)
     dense, pruned = read_runs(args.root)
     if not pruned:
@@ -96,6 +131,9 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     if args.out:
         args.out.write_text(f"# Pruned against same-length dense models: {args.root}\n\n" + text)
+    if args.plot:
+        series = plot(dense, pruned, args.plot, f"pruned against same-length dense models: {args.root.name}")
+        print(f"wrote {args.plot} ({len(series)} lines)")
 
 
 if __name__ == "__main__":

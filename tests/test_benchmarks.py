@@ -163,3 +163,24 @@ def test_quality_table_pairs_each_pruned_model_with_the_dense_run_of_its_seed_an
            f"{mean(export_gaps):.2f} ± {stdev(export_gaps):.2f} | 100 |" in rows["export"]
     assert f"| 28 | 950 | 1, 2 | 11.25 ± 0.35 | 11.75 ± 0.35 | {mean(final_gaps):.2f} ± {stdev(final_gaps):.2f} |" \
         in rows["fine-tuned 100 steps"]
+
+
+def test_quality_plot_draws_each_protocol_measured_at_two_or_more_head_counts(tmp_path):
+    from statistics import mean, stdev
+
+    table = _load("quality_table")
+    dense = {(1, 850): 11.0, (2, 850): 10.0, (1, 950): 12.0}
+    # seed 2 has no dense run of 950 steps: its fine-tuned model gives no gap
+    pruned = [dict(protocol="+quality=finetune", model=model, heads=heads, seed=seed, steps=steps, bleu=bleu,
+                   seconds=1.0) for model, steps, heads, seed, bleu in [
+                  ("export", 850, 28, 1, 9.0), ("export", 850, 28, 2, 8.5), ("export", 850, 7, 1, 6.0),
+                  ("fine-tuned 100 steps", 950, 28, 1, 11.5), ("fine-tuned 100 steps", 950, 28, 2, 11.0),
+                  ("fine-tuned 100 steps", 950, 7, 1, 9.5)]]
+    pruned.append(dict(protocol="+quality=converged", model="export", heads=28, seed=1, steps=850, bleu=10.0,
+                       seconds=1.0))  # one head count only: no line
+    series = table.plot(dense, pruned, tmp_path / "gaps.png", "test")
+    assert series == {
+        "+quality=finetune (export)": [(7, 6.0 - 11.0, 0.0), (28, mean([-2.0, -1.5]), stdev([-2.0, -1.5]))],
+        "+quality=finetune (fine-tuned 100 steps)": [(7, 9.5 - 12.0, 0.0), (28, 11.5 - 12.0, 0.0)],
+    }
+    assert (tmp_path / "gaps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
