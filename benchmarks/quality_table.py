@@ -78,10 +78,10 @@ def groups(dense: dict, pruned: list[dict]) -> list[dict]:
     return out
 
 
-def table(dense: dict, pruned: list[dict]) -> str:
+def table(grouped: list[dict]) -> str:
     lines = ["| protocol (overrides) | model | heads kept | steps | seeds | test BLEU | same-length dense | gap (BLEU) "
              "| wall time of the run (s, mean) |", "|---|---|---|---|---|---|---|---|---|"]
-    for g in groups(dense, pruned):
+    for g in grouped:
         members, gaps, paired = g["members"], g["gaps"], g["paired"]
         gap = _spread(gaps) + (f" (seeds {', '.join(paired)})" if gaps and len(paired) < len(members) else "")
         steps = sorted({m["steps"] for m in members})
@@ -94,12 +94,12 @@ def table(dense: dict, pruned: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(dense: dict, pruned: list[dict], path: Path, title: str) -> dict[str, list[tuple[int, float, float]]]:
-    """Write the gap-against-heads plot; returns what it drew: {label: [(heads, mean gap, sd), ...]}."""
+def plot(grouped: list[dict], path: Path, title: str) -> dict[str, list[tuple[int, float, float]]]:
+    """Write the gap-against-heads plot of ``groups``; returns what it drew: {label: [(heads, mean gap, sd), ...]}."""
     from gatedprune.plots import plt, save_figure
 
     series: dict[str, list[tuple[int, float, float]]] = {}
-    for g in groups(dense, pruned):
+    for g in grouped:
         if g["gaps"]:
             sd = stdev(g["gaps"]) if len(g["gaps"]) > 1 else 0.0
             series.setdefault(f"{g['protocol']} ({g['model']})", []).append((g["heads"], mean(g["gaps"]), sd))
@@ -127,12 +127,13 @@ def main(argv: list[str] | None = None) -> None:
     dense, pruned = read_runs(args.root)
     if not pruned:
         raise SystemExit(f"{args.root}: no finished pruning run")
-    text = table(dense, pruned)
+    grouped = groups(dense, pruned)  # one grouping for the table and the plot
+    text = table(grouped)
     print(text)
     if args.out:
         args.out.write_text(f"# Pruned against same-length dense models: {args.root}\n\n" + text)
     if args.plot:
-        series = plot(dense, pruned, args.plot, f"pruned against same-length dense models: {args.root.name}")
+        series = plot(grouped, args.plot, f"pruned against same-length dense models: {args.root.name}")
         print(f"wrote {args.plot} ({len(series)} lines)")
 
 

@@ -178,7 +178,7 @@ def test_quality_plot_draws_each_protocol_measured_at_two_or_more_head_counts(tm
                   ("fine-tuned 100 steps", 950, 7, 1, 9.5)]]
     pruned.append(dict(protocol="+quality=converged", model="export", heads=28, seed=1, steps=850, bleu=10.0,
                        seconds=1.0))  # one head count only: no line
-    series = table.plot(dense, pruned, tmp_path / "gaps.png", "test")
+    series = table.plot(table.groups(dense, pruned), tmp_path / "gaps.png", "test")
     assert series == {
         "+quality=finetune (export)": [(7, 6.0 - 11.0, 0.0), (28, mean([-2.0, -1.5]), stdev([-2.0, -1.5]))],
         "+quality=finetune (fine-tuned 100 steps)": [(7, 9.5 - 12.0, 0.0), (28, 11.5 - 12.0, 0.0)],
