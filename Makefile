@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline
 
-.PHONY: setup train test test-all smoke
+.PHONY: setup train test smoke
 
 setup: $(VENV)/.installed
 
@@ -21,8 +21,7 @@ train: setup
 smoke: setup
 	$(OFFLINE) $(BIN)/python train.py experiment=smoke $(ARGS)
 
+# both cores: one torch thread per process (tests/conftest.py), two workers; loadfile keeps a file's module
+# fixtures (trained runs) built once, on one worker
 test: setup
-	$(OFFLINE) $(BIN)/python -m pytest -m "not slow" $(ARGS)
-
-test-all: setup
-	$(OFFLINE) $(BIN)/python -m pytest $(ARGS)
+	$(OFFLINE) $(BIN)/python -m pytest -n 2 --dist loadfile $(ARGS)

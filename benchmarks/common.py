@@ -19,7 +19,7 @@ import torch
 import transformers
 from omegaconf import OmegaConf
 
-from gatedprune.adapters import ATTENTION_KINDS, attention_sites
+from gatedprune.structures.adapters import ATTENTION_KINDS, attention_sites
 
 ROOT = Path(__file__).resolve().parents[1]
 

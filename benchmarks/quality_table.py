@@ -96,7 +96,7 @@ def table(grouped: list[dict]) -> str:
 
 def plot(grouped: list[dict], path: Path, title: str) -> dict[str, list[tuple[int, float, float]]]:
     """Write the gap-against-heads plot of ``groups``; returns what it drew: {label: [(heads, mean gap, sd), ...]}."""
-    from gatedprune.plots import plt, save_figure
+    from gatedprune.reports.plots import plt, save_figure
 
     series: dict[str, list[tuple[int, float, float]]] = {}
     for g in grouped:

@@ -35,7 +35,9 @@ from common import (  # noqa: E402
     MODELS, ROOT, alternate, command_line, even_plan, heads_kept, machine, random_plan, seconds, versions,
 )
 
-from gatedprune.surgery import count_parameters, masked_heads, prune_heads  # noqa: E402
+from gatedprune.surgery.cut import count_parameters, prune_heads  # noqa: E402
+
+from gatedprune.structures.masking import masked_heads
 from gatedprune.utils import atomic_write_text, format_table, markdown_table  # noqa: E402
 
 # heads kept per kind (encoder, decoder, cross) of the default model's 24 each: the lambda sweep's results
@@ -176,7 +178,7 @@ def file_bytes(model) -> int:
 # ---- where the time of one forward goes -----------------------------------------------------------------------
 def module_groups(model) -> dict[str, list]:
     """Modules to time, by what they are: attention, feed-forward, output layer (the rest is embeddings, norms)."""
-    from gatedprune.adapters import attention_sites
+    from gatedprune.structures.adapters import attention_sites
 
     ffn = [m for name, m in model.named_modules() if name.endswith((".fc1", ".fc2", "DenseReluDense"))]
     return {"attention": [s.module for s in attention_sites(model)], "feed-forward": ffn,

@@ -1,12 +1,13 @@
-"""One gated fine-tuning run: compose data, model, module, loggers and trainer from the config, fit, report."""
+"""One run: compose data, model, module, loggers and trainer from the config, then let the method run itself.
+
+The method (``cfg.pruning``, a ``gatedprune.methods.base.Method``) checks its own settings, says what gating the
+module is built with, and runs (fit then ship, or score levels then ship); nothing here asks which method it is.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import signal
 import sys
-import time
 from pathlib import Path
 
 import lightning as L
@@ -19,22 +20,11 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from gatedprune import rundir
-from gatedprune import checkpoints
-from gatedprune.checkpoints import check_resumable, load_checkpoint_file
-from gatedprune.cli import BAD_INPUT, one_line
-from gatedprune.csv_logger import ResumableCSVLogger
-from gatedprune.export import check_out_dir
-from gatedprune.finalise import finalise
-from gatedprune.head_gates import RULES
-from gatedprune.finetune import FineTuneConfig
-from gatedprune.lightning_module import GatedSeq2Seq
-from gatedprune.methods import GatedPruning
-from gatedprune import plan_run
-from gatedprune.report import final_table, run_metrics
-from gatedprune.utils import atomic_write_text, write_json
-
-
+from gatedprune.errors import BAD_INPUT, one_line
+from gatedprune.methods.base import Method
+from gatedprune.training import checkpoints, rundir
+from gatedprune.training.csv_logger import ResumableCSVLogger
+from gatedprune.training.session import Session
 
 
 def _instantiate(node, **kwargs):
@@ -58,20 +48,21 @@ def train(cfg: DictConfig) -> dict:
     """
     run_dir = Path(cfg.paths.output_dir)
     if rank_zero_only.rank > 0:  # a DDP process started by rank 0's trainer.fit: it trains, rank 0 reports
-        return _fit_and_report(cfg, run_dir, *_setup(cfg, run_dir))
+        session, method = _setup(cfg, run_dir)
+        return method.run(session)
     fresh = rundir.is_fresh(run_dir)  # a directory that held anything of its own is never removed
     held = rundir.lock(run_dir)  # before anything is written: another process may own this directory
     try:
         rundir.write_hydra_record(run_dir, cfg)
         rundir.write_status(run_dir, status="running")
         try:
-            run = _setup(cfg, run_dir)
+            session, method = _setup(cfg, run_dir)
         except (*BAD_INPUT, OmegaConfBaseException):
             if fresh:
                 rundir.remove_fresh(run_dir)
                 fresh = "removed"
             raise
-        metrics = _fit_and_report(cfg, run_dir, *run)
+        metrics = method.run(session)
     except SIGTERMException:
         rundir.write_status(run_dir, status="interrupted", error="SIGTERM; the last checkpoint was saved")
         raise SystemExit(128 + signal.SIGTERM) from None
@@ -109,44 +100,23 @@ def _check_ddp_launch(cfg: DictConfig) -> None:
         )
 
 
-def _check_export_rule(rule: str, top_k) -> None:
-    if rule not in RULES:
-        raise ValueError(f"export.rule={rule!r}; allowed: {', '.join(RULES)}")
-    if (rule == "top-k") != (top_k is not None):
-        raise ValueError(f"export.rule={rule} with export.top_k={top_k}; allowed: top_k (a head count) with rule top-k only")
-
-
-def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
-    # validate the cheap parts first, so bad input fails before anything heavy runs
+def _setup(cfg: DictConfig, run_dir: Path) -> tuple[Session, Method]:
+    """Compose the run, the cheap checks first, so bad input fails before anything heavy runs."""
     _check_ddp_launch(cfg)
-    pruning = _instantiate(cfg.pruning)
+    method: Method = _instantiate(cfg.pruning)
     optim = _instantiate(cfg.optim)
     generation = _instantiate(cfg.generation)
     test_generation = _instantiate(cfg.test_generation)
-    pruning.check_schedule(cfg.trainer.get("max_steps"))
-    tuning = _instantiate(cfg.finetune)
-    if tuning.distill and not pruning.distill.on:
-        raise ValueError("finetune.distill=true needs a teacher: set pruning.distill.alpha or pruning.distill.hidden > 0 "
-                         "(it is kept only then)")
-    if not pruning.trains_gates and not cfg.export.enabled:
-        raise ValueError(f"pruning={pruning.name} with export.enabled=false; allowed: export.enabled=true (its levels "
-                         "are exported to <run>/levels/<heads>_heads)")
-    if tuning.steps and not cfg.export.enabled:  # fine-tuning is on by default; a run that exports nothing has no model
-        print(f"note: export.enabled=false: nothing is exported, so nothing is fine-tuned (finetune.steps={tuning.steps} "
-              "does not apply)")
-        tuning = dataclasses.replace(tuning, steps=0)
-    if cfg.export.enabled and pruning.trains_gates:  # the other methods export into <run>/levels
-        _check_export_rule(cfg.export.rule, cfg.export.top_k)
-        check_out_dir(Path(cfg.export.out_dir), protected=[run_dir])
-        if tuning.steps:
-            check_out_dir(Path(tuning.out_dir), protected=[run_dir, Path(cfg.export.out_dir)])
+    method.check_schedule(cfg.trainer.get("max_steps"))
+    export = _instantiate(cfg.export)
+    tuning = method.check_outputs(export, _instantiate(cfg.finetune), run_dir)
     checkpoint = checkpoints.resume_checkpoint(cfg.resume, run_dir)
-    if not pruning.trains_gates and checkpoint is None and cfg.model.get("name_or_path") is None:
+    if method.needs_trained_model and checkpoint is None and cfg.model.get("name_or_path") is None:
         raise ValueError(
-            f"pruning={pruning.name} prunes a trained model; give one: resume=<a dense run directory or its "
+            f"pruning={method.name} prunes a trained model; give one: resume=<a dense run directory or its "
             "checkpoint> or model=pretrained model.name_or_path=<model directory or hub id>"
         )
-    saved = load_checkpoint_file(checkpoint) if checkpoint else None  # refuse a truncated or unsafe file now
+    saved = checkpoints.load_checkpoint_file(checkpoint) if checkpoint else None  # refuse a truncated or unsafe file now
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # quiet: stderr is for errors until set-up is done
     # a resumed run keeps the tokenizer its checkpoint was trained with; other DDP processes take rank 0's,
     # which it saved before it started them
@@ -159,20 +129,14 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
         tokenizer.save_pretrained(run_dir / "tokenizer")
     model = _instantiate(cfg.model, tokenizer=tokenizer)
     if checkpoint:  # a model of other shapes would fail deep inside trainer.fit, after the run directory is made
-        if not pruning.trains_gates:
-            plan_run.check_dense(checkpoint, saved)
-        kinds = pruning.kinds if pruning.trains_gates else saved["gate_kinds"]  # a plan method takes weights only
-        for field in check_resumable(checkpoint, saved, model, kinds):
+        method.check_checkpoint(checkpoint, saved)
+        for field in checkpoints.check_resumable(checkpoint, saved, model, method.checkpoint_kinds(saved)):
             print(f"warning: resuming with a model config field changed: {field}")
-        if pruning.trains_gates:  # trainer.fit reads the checkpoint itself: free it before the module is built
+        if method.loads_checkpoint_itself:  # trainer.fit reads the file again: free it before the module is built
             saved = None
-    # a method that scores a trained model gates its heads only to mask them: the gates' own settings do not apply
-    gating = pruning if pruning.trains_gates else GatedPruning(kinds=pruning.kinds, distill=pruning.distill)
-    module = _instantiate(cfg.module)(model=model, tokenizer=tokenizer, pruning=gating, optim=optim,
+    module = _instantiate(cfg.module)(model=model, tokenizer=tokenizer, pruning=method.gating(), optim=optim,
                                       generation=generation, test_generation=test_generation)
-    if not pruning.trains_gates:
-        pruning.check(module.gates.num_heads)
-        plan_run.load_weights(module, saved)  # the file read once; a gated run loads it in trainer.fit
+    method.prepare(module, saved)
     del saved
     datamodule.setup("fit")  # tokenises, and refuses a training set that length filtering emptied
 
@@ -183,42 +147,8 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple:
             logger.resuming = resumed_here
     callbacks = [instantiate(c) for c in cfg.callbacks.values()]
     trainer: L.Trainer = instantiate(cfg.trainer, logger=loggers, callbacks=callbacks)
-    if not pruning.trains_gates and trainer.world_size > 1:
-        raise ValueError(f"pruning={pruning.name} runs in one process; allowed: trainer.devices=1 (got "
-                         f"{trainer.world_size} processes)")
-    return trainer, module, datamodule, checkpoint, tuning, pruning
-
-
-def _fit_and_report(
-    cfg: DictConfig, run_dir: Path, trainer: L.Trainer, module: GatedSeq2Seq, datamodule, checkpoint: Path | None,
-    tuning: FineTuneConfig, method,
-) -> dict:
-    if not method.trains_gates:  # it scores the trained model: nothing to fit
-        return plan_run.run(cfg, run_dir, method, module, datamodule, tuning, checkpoint, trainer.strategy.root_device)
-    if checkpoint:
-        print(f"resuming from {checkpoint}")
-    start = time.perf_counter()
-    # weights_only: Lightning unpickles only tensors and plain data, so a checkpoint cannot run code on resume
-    trainer.fit(module, datamodule=datamodule, ckpt_path=checkpoint, weights_only=True)
-    seconds = {"method": time.perf_counter() - start}  # training (of this process: a resumed run counts its own part)
-    final = trainer.validate(module, datamodule=datamodule, verbose=False)[0]  # the gated model
-    if not trainer.is_global_zero:
-        return {}
-
-    val_pairs = datamodule.pairs["validation"][: cfg.export.samples]
-    atomic_write_text(
-        run_dir / "val_pairs.jsonl", "".join(json.dumps({"source": s, "target": t}) + "\n" for s, t in val_pairs)
-    )
-    report = dict(seed=cfg.seed, checkpoint=str(run_dir / "checkpoints" / "last.ckpt"), head_budget=cfg.get("head_budget"))
-    # the gated model's numbers, kept if the export fails; replaced by the shipped model's when it succeeds
-    interim = {"note": "the gated model before export; the test split is scored after the export (see status.json)"}
-    write_json(run_dir / "metrics.json", run_metrics(module, trainer, final, **report, test=interim))
-    shipped = finalise(cfg, module, datamodule, tuning, val_pairs, run_dir, trainer.strategy.root_device)
-    metrics = run_metrics(module, trainer, final, **report, **shipped)
-    metrics["seconds"] = {**seconds, "run": time.perf_counter() - start}
-    write_json(run_dir / "metrics.json", metrics)
-    print(final_table(metrics))
-    return metrics
+    method.check_trainer(trainer)
+    return Session(cfg, run_dir, trainer, module, datamodule, checkpoint, tuning, export), method
 
 
 if __name__ == "__main__":  # python -m gatedprune.train [overrides]

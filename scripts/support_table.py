@@ -3,7 +3,7 @@
     python scripts/support_table.py [--readme README.md] [--json docs/support.json] [--only bart,whisper]
 
 Each class of MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING and MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING is built from its default
-config shrunk by ``gatedprune.support.tiny_config`` and checked by ``gatedprune.support.check_class``. The table
+config shrunk by ``gatedprune.reports.support.tiny_config`` and checked by ``gatedprune.reports.support.check_class``. The table
 goes between the support-table markers of the README; the JSON lists the supported classes the test suite checks.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from gatedprune.support import NotSupported, all_classes, check_class
+from gatedprune.reports.support import NotSupported, all_classes, check_class
 
 BEGIN, END = "<!-- support-table:begin -->", "<!-- support-table:end -->"
 

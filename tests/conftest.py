@@ -1,10 +1,18 @@
 import copy
 import os
 import sys
+import tempfile
 from pathlib import Path
 
-import pytest
-import torch
+# one thread per process, the commands the tests start included (they inherit this environment): two pytest-xdist
+# workers share the 2 cores, and a second thread per process only waits on the other worker's
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+# each worker its own copy of the exports' modeling files: transformers guards its shared cache with a lock of one
+# process only, so two workers reloading exports at once could import a half-written file
+os.environ.setdefault("HF_MODULES_CACHE", tempfile.mkdtemp(prefix=f"hf-modules-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-"))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(var, "1")

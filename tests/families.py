@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import transformers
 
-from gatedprune.support import tiny_config
+from gatedprune.reports.support import tiny_config
 
 _COMMON_BART = dict(
     vocab_size=99, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,

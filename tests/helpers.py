@@ -14,7 +14,8 @@ def offline_env(**extra: str) -> dict[str, str]:
     """This process's environment, offline, unbuffered, without the debug switch that shows tracebacks."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **extra}
-    env.pop("GATEDPRUNE_DEBUG", None)
+    for leaked in ("GATEDPRUNE_DEBUG", "WANDB_SERVICE", "PL_GLOBAL_SEED", "PL_SEED_WORKERS"):  # set by earlier tests
+        env.pop(leaked, None)
     return env
 
 
@@ -49,3 +50,22 @@ def compose_train(output_dir: Path | str, *overrides: str, hydra_config: bool = 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return compose("train", overrides=[f"paths.output_dir={output_dir}", *overrides],
                        return_hydra_config=hydra_config)
+
+
+def gated_module(tmp_path: Path, max_bad_steps: int = 3):
+    """A ``GatedSeq2Seq`` of a tiny mBART under ``pruning=l0``, with a two-token tokenizer: for the training steps'
+    own guards (non-finite losses and gradients), without a trainer's data."""
+    import tokenizers
+    import transformers
+
+    from families import tiny_model
+    from gatedprune.methods.gated import L0
+    from gatedprune.reports.scoring import GenerationConfig
+    from gatedprune.training.module import GatedSeq2Seq, OptimConfig
+
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizers.Tokenizer(tokenizers.models.WordLevel({"<pad>": 1, "<unk>": 0}, "<unk>")),
+        pad_token="<pad>",
+    )
+    model = tiny_model("mbart", tmp_path)
+    return GatedSeq2Seq(model, tokenizer, L0(), OptimConfig(max_bad_steps=max_bad_steps), GenerationConfig(), tmp_path)

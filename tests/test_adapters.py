@@ -6,9 +6,9 @@ import pytest
 import torch
 import transformers
 
-from gatedprune.adapters import attention_sites, pin_layout, probe
-from gatedprune.support import build_tiny
-from gatedprune.surgery import grouped_slots
+from gatedprune.structures.adapters import attention_sites, pin_layout, probe
+from gatedprune.reports.support import build_tiny
+from gatedprune.surgery.cut import grouped_slots
 
 
 @pytest.mark.parametrize(
@@ -83,7 +83,7 @@ def test_grouped_slots(kept, slots, kv, fillers):
 
 
 def test_grouped_surgery_records_slots_and_key_value_heads():
-    from gatedprune.surgery import count_parameters, plan_record, prune_heads
+    from gatedprune.surgery.cut import count_parameters, plan_record, prune_heads
 
     model = build_tiny(transformers.T5GemmaForConditionalGeneration)
     site = attention_sites(model, "cross")[0]
@@ -103,8 +103,9 @@ def test_grouped_surgery_records_slots_and_key_value_heads():
 
 
 def test_model_card_of_a_grouped_model_says_what_went(tmp_path):
-    from gatedprune.export import save_pruned
-    from gatedprune.surgery import load_pruned, prune_heads
+    from gatedprune.shipping.export import save_pruned
+    from gatedprune.surgery.model_loading import load_pruned
+    from gatedprune.surgery.cut import prune_heads
 
     model = build_tiny(transformers.T5GemmaForConditionalGeneration)
     sites = attention_sites(model)

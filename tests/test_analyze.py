@@ -15,12 +15,12 @@ import torch.nn.functional as F
 import transformers
 
 from helpers import error_line, offline_env, run_train
-from gatedprune.adapters import ATTENTION_KINDS, attention_sites
-from gatedprune.analyze import COLUMNS, ablation_effects, analysis_batches, attention_measures
+from gatedprune.structures.adapters import ATTENTION_KINDS, attention_sites
+from gatedprune.reports.analysis import COLUMNS, ablation_effects, analysis_batches, attention_measures
 from gatedprune.cli import analyze_command
 from gatedprune.data import collate_pairs
-from gatedprune.evaluate import split_data, train_config
-from gatedprune.surgery import prune_heads
+from gatedprune.reports.evaluate import split_data, train_config
+from gatedprune.surgery.cut import prune_heads
 
 PAIRS = 24  # analysed per report: one batch of the smoke data
 SHORT = ("trainer.max_steps=12", "dense_steps=4", "trainer.val_check_interval=6",  # a shorter smoke run

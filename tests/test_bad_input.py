@@ -9,7 +9,7 @@ import torch
 import transformers
 
 from families import tiny_model
-from helpers import ROOT, run_train
+from helpers import ROOT, offline_env, run_train
 
 
 
@@ -131,7 +131,7 @@ def test_exporter_errors_are_one_line(tmp_path):
     truncated = tmp_path / "truncated.ckpt"
     truncated.write_bytes(b"garbage")
     proc = subprocess.run([sys.executable, "-m", "gatedprune", "export", str(truncated), str(tmp_path / "out")],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+                          capture_output=True, text=True, cwd=tmp_path, env=offline_env(), timeout=120)
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1 and "truncated.ckpt" in lines[0] and "not a readable checkpoint" in lines[0]

@@ -9,10 +9,10 @@ import torch
 from helpers import compose_train, error_line, run_train
 from safetensors.torch import load_file
 
-from gatedprune.baselines import AStar, Michel, Random, head_counts, search
-from gatedprune.evaluate import token_cross_entropy
-from gatedprune.surgery import masked_heads
-from gatedprune.sweep import plot_pareto, summarise
+from gatedprune.methods.baselines import AStar, Michel, Random, head_counts, search
+from gatedprune.reports.scoring import token_cross_entropy
+from gatedprune.structures.masking import masked_heads
+from gatedprune.reports.sweep import plot_pareto, summarise
 from gatedprune.train import train
 
 HEADS = [(f"layer{layer}", head) for layer in range(3) for head in range(4)]
@@ -117,7 +117,7 @@ def tiny_probe(tmp_path):
     """A real model: its loss on a fixed batch with only some heads, the heads masked by gatedprune.surgery."""
     from families import tiny_model
 
-    from gatedprune.adapters import attention_sites
+    from gatedprune.structures.adapters import attention_sites
 
     model = tiny_model("bart", tmp_path)
     with torch.no_grad():  # random heads barely move the loss: louder heads make the search's decisions matter
@@ -295,7 +295,7 @@ def test_a_method_prunes_only_the_kinds_it_is_given(dense_run, tmp_path):
 
 
 def test_an_export_of_a_level_is_scored_on_its_runs_data(tmp_path):
-    from gatedprune.evaluate import run_of
+    from gatedprune.reports.evaluate import run_of
 
     (tmp_path / "run" / ".hydra").mkdir(parents=True)
     (tmp_path / "run" / ".hydra" / "config.yaml").write_text("seed: 1\n")

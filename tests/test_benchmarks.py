@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gatedprune.adapters import attention_sites
-from gatedprune.surgery import prune_heads
+from gatedprune.structures.adapters import attention_sites
+from gatedprune.surgery.cut import prune_heads
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gatedprune import attach_gates
-from gatedprune.budget import HeadBudget, resolve_targets
+from gatedprune.methods.budget import HeadBudget, resolve_targets
 from gatedprune.train import train
 
 from helpers import compose_train

@@ -2,7 +2,7 @@
 
 import csv
 
-from gatedprune.csv_logger import ResumableCSVLogger
+from gatedprune.training.csv_logger import ResumableCSVLogger
 
 
 def _log(directory, steps, key="train/loss", resuming=True):

@@ -9,7 +9,7 @@ import torch
 from helpers import compose_train
 from types import SimpleNamespace
 
-from gatedprune.distill import DistillOptions, hidden_distillation, kl_distillation
+from gatedprune.training.distill import DistillOptions, hidden_distillation, kl_distillation
 from gatedprune.train import train
 
 
@@ -164,8 +164,8 @@ def test_the_distilled_loss_of_a_pruned_student_against_its_parts(tmp_path):
     import torch.nn.functional as F
 
     from families import tiny_model
-    from gatedprune.distill import distilled_loss
-    from gatedprune.surgery import prune_heads
+    from gatedprune.training.distill import distilled_loss
+    from gatedprune.surgery.cut import prune_heads
 
     teacher = tiny_model("bart", tmp_path)
     student = prune_heads(copy.deepcopy(teacher), {"model.encoder.layers.0.self_attn": [],

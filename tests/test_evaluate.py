@@ -13,7 +13,7 @@ import transformers
 from helpers import compose_train, error_line, offline_env
 from gatedprune.data import load_bible_pairs, train_unigram_tokenizer
 from gatedprune.cli import evaluate_command as main
-from gatedprune.evaluate import evaluate_dir
+from gatedprune.reports.evaluate import evaluate_dir
 from gatedprune.train import train
 
 
@@ -73,7 +73,7 @@ def test_files_with_and_without_a_test_split(tmp_path, pairs):
 
 
 def test_a_budget_ramp_longer_than_the_gated_phase_is_shortened_and_said(budget_run, capsys):
-    from gatedprune.methods import L0Budget
+    from gatedprune.methods.gated import L0Budget
 
     method = L0Budget(start_step=10, target_heads=5, target_warmup_steps=100)
     method.check_schedule(30)

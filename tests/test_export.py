@@ -12,14 +12,16 @@ import torch
 import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-import gatedprune.export as export
-import gatedprune.export_dir as export_dir
-from gatedprune import pruned_modeling
+import gatedprune.shipping.export as export
+import gatedprune.shipping.export_dir as export_dir
+from gatedprune.surgery import pruned_modeling
 from gatedprune.cli import export_command
 from families import FAMILIES
-from gatedprune.adapters import attention_sites
-from gatedprune.head_gates import attach_gates
-from gatedprune.surgery import load_pruned, masked_heads, plan_record, prune_heads
+from gatedprune.structures.adapters import attention_sites
+from gatedprune.structures.head_gates import attach_gates
+from gatedprune.surgery.model_loading import load_pruned
+from gatedprune.structures.masking import masked_heads
+from gatedprune.surgery.cut import plan_record, prune_heads
 
 transformers.utils.logging.disable_progress_bar()
 torch.set_num_threads(1)  # tiny matrices: extra threads only wait on each other on a busy 2-core box

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from gatedprune.hard_concrete import GateOptions, HardConcreteGate
+from gatedprune.structures.hard_concrete import GateOptions, HardConcreteGate
 
 
 def _gate(values, **options) -> HardConcreteGate:

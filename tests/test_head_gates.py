@@ -6,7 +6,7 @@ import transformers
 
 from families import ATTN_IMPLEMENTATIONS, FAMILIES, tiny_model
 from gatedprune import attach_gates
-from gatedprune.adapters import ATTENTION_KINDS, attention_sites
+from gatedprune.structures.adapters import ATTENTION_KINDS, attention_sites
 
 
 def _inputs(model):

@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from families import tiny_model
-from helpers import compose_train, error_line, offline_env, run_train
-from gatedprune import attach_gates, export, export_dir, rundir
+from helpers import compose_train, error_line, gated_module, offline_env, run_train
+from gatedprune import attach_gates
+from gatedprune.shipping import export, export_dir
+from gatedprune.training import rundir
 from gatedprune.cli import export_command
 from gatedprune.data import read_pairs_file
-from gatedprune.methods import L0
-from gatedprune.lightning_module import GatedSeq2Seq, GenerationConfig, OptimConfig
+from gatedprune.methods.gated import L0
+from gatedprune.training.module import GenerationConfig, OptimConfig
 from gatedprune.train import train
 from gatedprune.utils import check_numbers, write_json
 
@@ -83,8 +84,8 @@ def test_lightning_resume_loads_weights_only_too(tmp_path, monkeypatch):
     checkpoint, marker = _malicious_run(tmp_path)
     texts = [t for pair in load_bible_pairs()[:400] for t in pair]
     train_unigram_tokenizer(texts, 400).save_pretrained(checkpoint.parents[1] / "tokenizer")
-    monkeypatch.setattr("gatedprune.train.load_checkpoint_file", lambda path: {})
-    monkeypatch.setattr("gatedprune.train.check_resumable", lambda *args: [])
+    monkeypatch.setattr("gatedprune.training.checkpoints.load_checkpoint_file", lambda path: {})
+    monkeypatch.setattr("gatedprune.training.checkpoints.check_resumable", lambda *args: [])
     with pytest.raises(Exception, match="Weights only load failed"):
         train(compose_train(tmp_path / "run", "experiment=smoke", f"resume={checkpoint}"))
     assert not marker.exists()
@@ -93,22 +94,10 @@ def test_lightning_resume_loads_weights_only_too(tmp_path, monkeypatch):
 # --- 2. a diverged run stops -----------------------------------------------------------------------------------
 
 
-def _module(tmp_path, max_bad_steps=3) -> GatedSeq2Seq:
-    import tokenizers
-    import transformers
-
-    tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizers.Tokenizer(tokenizers.models.WordLevel({"<pad>": 1, "<unk>": 0}, "<unk>")),
-        pad_token="<pad>",
-    )
-    model = tiny_model("mbart", tmp_path)
-    return GatedSeq2Seq(model, tokenizer, L0(), OptimConfig(max_bad_steps=max_bad_steps), GenerationConfig())
-
-
 def test_non_finite_losses_count_although_the_optimizer_hook_sees_no_gradient(tmp_path):
     # Lightning runs on_before_optimizer_step after a training_step that returned None, with no gradients at all:
     # that must not count as a good step, or the run never stops
-    module = _module(tmp_path)
+    module = gated_module(tmp_path)
     module.log = lambda *args, **kwargs: None
     module._cross_entropy = lambda batch, smoothing: torch.tensor(float("inf"))
     optimizer = torch.optim.AdamW(module.parameters())
@@ -122,7 +111,7 @@ def test_non_finite_losses_count_although_the_optimizer_hook_sees_no_gradient(tm
 
 
 def test_non_finite_weights_are_never_saved(tmp_path):
-    module = _module(tmp_path)
+    module = gated_module(tmp_path)
     with torch.no_grad():
         next(module.model.parameters()).view(-1)[0] = float("nan")
     with pytest.raises(FloatingPointError, match="weights are not finite"):
@@ -202,7 +191,7 @@ def test_a_run_directory_is_locked_while_its_process_lives(tmp_path):
 
     # a holder killed with SIGKILL leaves the file, not the lock
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"from pathlib import Path; from gatedprune.rundir import lock; lock(Path({str(tmp_path)!r})); "
+        [sys.executable, "-c", f"from pathlib import Path; from gatedprune.training.rundir import lock; lock(Path({str(tmp_path)!r})); "
          "print('locked', flush=True); import time; time.sleep(120)"],
         stdout=subprocess.PIPE, text=True, env=offline_env(),
     )
@@ -267,7 +256,7 @@ def test_an_export_killed_between_its_two_renames_gets_its_previous_directory_ba
 
 def test_a_failed_export_verification_in_train_is_one_line(tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_train(run_dir, "trainer.max_steps=12", prefix=["import gatedprune.export as e", "e.TOLERANCE = -1.0"])
+    proc = run_train(run_dir, "trainer.max_steps=12", prefix=["import gatedprune.shipping.export as e", "e.TOLERANCE = -1.0"])
     assert proc.returncode == 1 and "verification failed, nothing written to" in error_line(proc)
     assert _strict_json(run_dir / "status.json")["status"] == "failed" and not (run_dir / "pruned").exists()
     # the gated model's numbers stay, saying what they are; no claim about a test split that was never reached
@@ -330,7 +319,7 @@ def test_tsv_header_lines_are_detected_and_empty_pairs_dropped(tmp_path, capsys)
 
 
 def test_nested_gate_options_refuse_nan_and_inf_by_their_full_name():
-    from gatedprune.methods import L0Budget
+    from gatedprune.methods.gated import L0Budget
 
     for field, value in (("temperature", float("inf")), ("init_log_alpha", float("nan")), ("stretch", [-0.1, float("inf")])):
         with pytest.raises(ValueError, match=rf"^pruning\.gates\.{field}=.* is not a finite number"):

@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from gatedprune import attach_gates
-from gatedprune.adapters import attention_sites
-from gatedprune.importance import head_importance, rank_heads
+from gatedprune.structures.adapters import attention_sites
+from gatedprune.methods.importance import head_importance, rank_heads
 
 
 def _batches(model) -> list[dict]:

@@ -11,8 +11,8 @@ import torch
 import transformers
 
 from gatedprune.data import FilesData, set_language_codes, train_unigram_tokenizer
-from gatedprune.model_loading import start_with_target_language
-from gatedprune.support import tiny_config
+from gatedprune.surgery.model_loading import start_with_target_language
+from gatedprune.reports.support import tiny_config
 
 CHARS = list("abcdefghijklmnopqrstuvwxyz")
 CODES = ["eng_Latn", "fra_Latn", "deu_Latn"]

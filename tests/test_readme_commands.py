@@ -90,7 +90,7 @@ def test_readme_command(command, tmp_path):
                 overrides.append(_first_values(word) if "-m" in args else word)
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
             cfg = compose("train", overrides=overrides, return_hydra_config=True)
-        assert cfg.pruning is not None and cfg.data is not None
+        _check_applied(cfg, overrides)
     else:
         assert program in TOOLS, f"unknown command {program!r} in the README"
         command = program.removeprefix("gatedprune-")
@@ -99,3 +99,20 @@ def test_readme_command(command, tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         for option in (a for a in args if a.startswith("--")):
             assert option in proc.stdout, f"{program} has no option {option}"
+
+
+def _check_applied(cfg, overrides: list[str]) -> None:
+    """Each override of a README command took effect: a group option is the one chosen, a value is the one set."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    choices = cfg.hydra.runtime.choices
+    for override in OverridesParser.create().parse_overrides(overrides):
+        if override.is_delete():
+            continue
+        key, value = override.key_or_group, override.value()
+        if key.lstrip("+") in choices:  # experiment=smoke, pruning=l0_budget, hydra/launcher=submitit_slurm
+            assert choices[key.lstrip("+")] == value, override.input_line
+        else:  # pruning.l0_lambda=0.05, trainer.max_steps=3000
+            assert OmegaConf.to_container(OmegaConf.create({"v": OmegaConf.select(cfg, key.lstrip("+"))}),
+                                          resolve=False)["v"] == value, override.input_line

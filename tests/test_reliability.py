@@ -10,12 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import transformers
 
-from families import tiny_model
-from helpers import ROOT, compose_train, offline_env
-from gatedprune.methods import L0
-from gatedprune.lightning_module import GatedSeq2Seq, GenerationConfig, OptimConfig
+from helpers import ROOT, compose_train, gated_module, offline_env
 
 SMOKE = ["experiment=smoke", "trainer.max_steps=40", "export.enabled=false"]
 
@@ -212,17 +208,8 @@ def test_resume_from_another_run_dir_and_bad_resume_paths(reference_run, tmp_pat
     assert not (tmp_path / "x").exists()
 
 
-def _module(tmp_path, max_bad_steps=3) -> GatedSeq2Seq:
-    model = tiny_model("mbart", tmp_path)
-    tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=__import__("tokenizers").Tokenizer(__import__("tokenizers").models.WordLevel({"<pad>": 1, "<unk>": 0}, "<unk>")),
-        pad_token="<pad>",
-    )
-    return GatedSeq2Seq(model, tokenizer, L0(), OptimConfig(max_bad_steps=max_bad_steps), GenerationConfig(), tmp_path)
-
-
 def test_non_finite_loss_is_skipped_then_stops_the_run(tmp_path, monkeypatch):
-    module = _module(tmp_path)
+    module = gated_module(tmp_path)
     module.log = lambda *args, **kwargs: None  # outside a Trainer
     batch = {"input_ids": torch.randint(3, 90, (2, 5)), "attention_mask": torch.ones(2, 5, dtype=torch.long),
              "labels": torch.randint(3, 90, (2, 4))}
@@ -234,12 +221,12 @@ def test_non_finite_loss_is_skipped_then_stops_the_run(tmp_path, monkeypatch):
         module.training_step(batch, 3)
     # under DDP the loss goes on to backward (a process that skipped it would hang the others); the gradient
     # check, on gradients averaged across processes, then skips the step in every process
-    monkeypatch.setattr("gatedprune.lightning_module._distributed", lambda: True)
+    monkeypatch.setattr("gatedprune.training.module._distributed", lambda: True)
     assert torch.isnan(module.training_step(batch, 4)) and module.skipped_steps == 3
 
 
 def test_non_finite_gradient_skips_the_optimiser_step(tmp_path):
-    module = _module(tmp_path)
+    module = gated_module(tmp_path)
     optimizer = torch.optim.AdamW(module.parameters(), lr=0.1)
     before = [p.detach().clone() for p in module.parameters()]
     for p in module.parameters():
@@ -252,7 +239,7 @@ def test_non_finite_gradient_skips_the_optimiser_step(tmp_path):
 
 
 def test_log_alpha_is_clamped_after_each_step(tmp_path):
-    module = _module(tmp_path)
+    module = gated_module(tmp_path)
     with torch.no_grad():
         module.gates.gates[0].log_alpha.fill_(1e6)
     module.on_train_batch_end(None, None, 0)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gatedprune.support import all_classes, check_gates, check_surgery, PLAN, tiny_config
+from gatedprune.reports.support import all_classes, check_gates, check_surgery, PLAN, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = json.loads((ROOT / "docs" / "support.json").read_text())

@@ -10,17 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from families import FAMILIES
-from gatedprune.adapters import ATTENTION_KINDS, attention_sites
-from gatedprune.head_gates import attach_gates
-from gatedprune.surgery import (
-    check_plan,
-    count_parameters,
-    load_pruned,
-    masked_heads,
-    plan_record,
-    prune_heads,
-    removed_parameters,
-)
+from gatedprune.structures.adapters import ATTENTION_KINDS, attention_sites
+from gatedprune.structures.head_gates import attach_gates
+from gatedprune.structures.masking import masked_heads
+from gatedprune.surgery.cut import check_plan, count_parameters, plan_record, prune_heads, removed_parameters
+from gatedprune.surgery.model_loading import load_pruned
 
 transformers.utils.logging.disable_progress_bar()
 

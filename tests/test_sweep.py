@@ -12,9 +12,9 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
 
-from gatedprune.report import budget_objective
+from gatedprune.reports.metrics import budget_objective
 from gatedprune.cli import sweep_command as main
-from gatedprune.sweep import dense_baseline, seed_groups, summarise
+from gatedprune.reports.sweep import dense_baseline, seed_groups, summarise
 from helpers import ROOT, compose_train, offline_env
 
 
@@ -254,7 +254,7 @@ def test_runs_that_differ_only_in_seed_are_grouped_with_mean_and_spread(tmp_path
 
 
 def test_methods_at_matched_head_counts_pool_seeds_into_mean_and_sample_sd():
-    from gatedprune.sweep import KINDS, matched_counts, matched_counts_markdown
+    from gatedprune.reports.sweep import KINDS, matched_counts, matched_counts_markdown
 
     def row(method, heads, test_bleu, seconds, status="done", group="g"):
         return {"run": f"{method}_{test_bleu}", "group": group, "method": method, "heads_alive": heads,

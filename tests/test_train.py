@@ -162,7 +162,7 @@ def test_plan_changes_are_counted_per_validation(smoke_run):
 def test_gate_temperature_anneals_geometrically_over_the_gated_phase(tmp_path):
     import csv
 
-    from gatedprune.methods import L0
+    from gatedprune.methods.gated import L0
 
     method = L0(start_step=10, final_temperature=0.1)
     method.check_schedule(110)  # 100 gated steps

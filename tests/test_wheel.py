@@ -29,7 +29,8 @@ def installed(tmp_path_factory) -> Path:
     # put modules deleted since into the wheel
     source = tmp / "source"
     shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
-        ".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", "outputs", "multirun", "docs"))
+        ".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", "outputs", "multirun", "docs", ".hypothesis",
+        ".pytest_cache", "wandb", "lightning_logs", "tokenizer"))  # what the other test worker may be writing
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
                     "--wheel-dir", str(tmp / "dist"), str(source)], check=True, capture_output=True, timeout=300,
                    cwd=tmp)

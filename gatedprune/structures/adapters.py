@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from gatedprune.pruned_modeling import attr
+from gatedprune.surgery.pruned_modeling import attr
 
 ATTENTION_KINDS = ("encoder", "decoder", "cross")
 PIN_KEY = "gatedprune_layout"  # config attribute holding a user-pinned layout (travels in config.json)
@@ -206,7 +206,7 @@ def probe(model: nn.Module) -> Structure:
                 for layer in model.get_submodule(path):
                     placed.update(id(layer.get_submodule(n)) for n in inner[path] if n is not None)
     name = type(model).__name__
-    advice = "pin a layout (gatedprune.adapters.pin_layout, or model.layout in the config) if one fits"
+    advice = "pin a layout (gatedprune.structures.adapters.pin_layout, or model.layout in the config) if one fits"
     encoders, decoders = ([path for _, path, _ in found[stack]] for stack in ("encoder", "decoder"))
     for paths in (encoders, decoders):
         twice = sorted({p for p in paths if paths.count(p) > 1})

@@ -10,25 +10,16 @@ from __future__ import annotations
 
 import copy
 import operator
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Iterable, Mapping
 
-import transformers
 from torch import nn
-from transformers.models.auto.modeling_auto import (
-    MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING,
-    MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING,
-)
 
-from gatedprune.adapters import AttentionSite, attention_sites, probe
-from gatedprune.head_gates import HeadGates, attach_gates
-from gatedprune.pruned_modeling import (
+from gatedprune.structures.adapters import AttentionSite, attention_sites, probe
+from gatedprune.surgery.pruned_modeling import (
     CONFIG_KEY,
     install_runtime,
     layout_of,
     prune_attention,
-    pruned_model_class,
     upgrade_record,
 )
 
@@ -180,20 +171,6 @@ def prune_heads(model: nn.Module, plan: Plan, rule: str | None = None) -> nn.Mod
     return model
 
 
-@contextmanager
-def masked_heads(model: nn.Module, plan: Plan) -> Iterator[HeadGates]:
-    """``model`` gated with every gate fixed by ``plan``: open for kept heads, closed for the others.
-
-    This is the function ``prune_heads(model, plan)`` must compute; the gates go when the block ends.
-    """
-    plan = check_plan(model, plan)
-    gates = attach_gates(model).fix_(plan).set_mode("binary")
-    try:
-        yield gates
-    finally:
-        gates.remove()
-
-
 def cut_parameters(site: AttentionSite, query_heads: int, kv_heads: int) -> int:
     """Parameters that go with ``query_heads`` query heads and ``kv_heads`` key/value heads of ``site``.
 
@@ -236,58 +213,3 @@ def record_removed_parameters(model: nn.Module) -> int:
 def count_parameters(model: nn.Module) -> int:
     """Parameters of ``model``, tied ones counted once."""
     return sum(p.numel() for p in model.parameters())
-
-
-# the encoder-decoder mappings of transformers, text first (seamless_m4t is in both), and their Auto classes
-ENCODER_DECODER_MAPPINGS = (
-    (MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING, transformers.AutoModelForSeq2SeqLM),
-    (MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING, transformers.AutoModelForSpeechSeq2Seq),
-)
-
-
-def _mapping_entry(config: transformers.PretrainedConfig) -> tuple[type, type]:
-    for mapping, auto in ENCODER_DECODER_MAPPINGS:
-        if type(config) in mapping:
-            return mapping[type(config)], auto
-    raise ValueError(
-        f"unsupported model class: a {config.model_type!r} config has no encoder-decoder class in transformers "
-        "(neither AutoModelForSeq2SeqLM nor AutoModelForSpeechSeq2Seq maps it)"
-    )
-
-
-def family_class(config: transformers.PretrainedConfig) -> type:
-    """The transformers encoder-decoder class of ``config`` (e.g. ``MarianMTModel`` for a MarianConfig, or
-    ``WhisperForConditionalGeneration``)."""
-    return _mapping_entry(config)[0]
-
-
-def auto_class(config: transformers.PretrainedConfig) -> type:
-    """``AutoModelForSeq2SeqLM``, or ``AutoModelForSpeechSeq2Seq`` for a speech model (Whisper)."""
-    return _mapping_entry(config)[1]
-
-
-def fresh_model(config: transformers.PretrainedConfig) -> transformers.PreTrainedModel:
-    """A newly initialised model of ``config``'s family, cut to the shapes of its plan if it has one."""
-    base = family_class(config)
-    model = pruned_model_class(base)(config)
-    model.__class__ = base  # see load_pruned
-    return model
-
-
-def load_pruned(path: str | Path, **from_pretrained_kwargs) -> transformers.PreTrainedModel:
-    """Load a model saved after ``prune_heads`` (by ``save_pretrained`` or the exporter) with its pruned shapes.
-
-    Returns an instance of the family's own class (e.g. ``MarianMTModel``); keyword arguments go to
-    ``from_pretrained`` (``dtype``, ``device_map``, ``attn_implementation``, ...).
-    """
-    config = transformers.AutoConfig.from_pretrained(path)
-    if getattr(config, CONFIG_KEY, None) is None:
-        raise ValueError(
-            f"{path} holds no head plan (its config has no {CONFIG_KEY!r} entry): it was not saved after "
-            "gatedprune.prune_heads; load it with AutoModelForSeq2SeqLM.from_pretrained"
-        )
-    base = family_class(config)
-    model = pruned_model_class(base).from_pretrained(path, config=config, **from_pretrained_kwargs)
-    # the subclass only adds the shape restore to the constructor; once built, the model is an ordinary `base`
-    model.__class__ = base
-    return model

@@ -9,13 +9,10 @@ run started from) beside that of the final model, decoded the same way.
 
 from __future__ import annotations
 
-import platform
 
 import lightning as L
-import torch
-import transformers
 
-from gatedprune.cli import version
+from gatedprune.versions import versions
 from gatedprune.utils import format_table
 
 
@@ -43,11 +40,6 @@ def heads_in_model(export_report: dict) -> dict[str, int]:
 def export_plan(export_report: dict) -> dict[str, list[int]]:
     """``{attention module path: kept heads}`` of an export report (its plan is grouped by kind)."""
     return {path: kept for per_kind in export_report["plan"].values() for path, kept in per_kind.items()}
-
-
-def versions() -> dict:
-    return {"gatedprune": version(), "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "lightning": L.__version__}
 
 
 def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoint: str, head_budget: int | None,

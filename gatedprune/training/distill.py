@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gatedprune.evaluate import cross_entropy, teacher_forced_inputs
+from gatedprune.reports.scoring import cross_entropy, teacher_forced_inputs
 from gatedprune.utils import check_numbers
 
 
@@ -100,7 +100,7 @@ def distilled_loss(student: nn.Module, teacher: nn.Module, batch: dict, options:
 def frozen_copy(model: nn.Module) -> nn.Module:
     """A copy of ``model`` that computes as the ungated model does: a fresh instance (so the gates' hooks do not
     come along), the same weights, no gradients, evaluation mode."""
-    from gatedprune.surgery import fresh_model
+    from gatedprune.surgery.model_loading import fresh_model
 
     teacher = fresh_model(copy.deepcopy(model.config))
     teacher.load_state_dict(model.state_dict())

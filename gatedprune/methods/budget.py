@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gatedprune.adapters import ATTENTION_KINDS
-from gatedprune.head_gates import HeadGates
+from gatedprune.structures.adapters import ATTENTION_KINDS
+from gatedprune.structures.head_gates import HeadGates
 
 TargetSpec = int | float | dict
 

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from gatedprune.adapters import ATTENTION_KINDS, attention_sites
-from gatedprune.evaluate import cross_entropy, teacher_forced_logits
+from gatedprune.structures.adapters import ATTENTION_KINDS, attention_sites
+from gatedprune.reports.scoring import cross_entropy, teacher_forced_logits
 
 
 def _logits(model: nn.Module, batch: dict) -> torch.Tensor:

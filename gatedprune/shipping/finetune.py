@@ -14,16 +14,16 @@ import lightning as L
 import torch
 from torch import nn
 
-from gatedprune.distill import DistillOptions, distilled_loss
-from gatedprune.evaluate import token_cross_entropy
+from gatedprune.training.distill import DistillOptions, distilled_loss
+from gatedprune.reports.scoring import token_cross_entropy
 from gatedprune.utils import check_numbers
 
 
 @dataclass
 class FineTuneConfig:
-    """``finetune.*``: steps 0 (the default) ships the exported model as it is."""
+    """``finetune.*`` (``conf/finetune/default.yaml`` holds the defaults); steps 0 ships the exported model as it is."""
 
-    steps: int = 0
+    steps: int = 100
     lr: float = 1e-4  # constant: the model is trained already, this only lets the kept heads adjust
     distill: bool = False  # keep distilling from the dense model (needs pruning.distill.alpha or .hidden > 0)
     out_dir: str = "pruned_finetuned"

@@ -1,4 +1,4 @@
-"""A run of a method that scores a trained model (``gatedprune.baselines``): levels -> export -> report.
+"""A run of a method that scores a trained model (``gatedprune.methods.baselines``): levels -> export -> report.
 
 The model comes from ``resume=`` (a dense run or its checkpoint: its weights; any gates in it are ignored) or from
 ``model=pretrained``. The method asks a ``MaskedModel`` what it needs (loss, BLEU, importance with some heads
@@ -13,19 +13,22 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from omegaconf import DictConfig
 
-from gatedprune.baselines import Head, Level, PlanMethod
-from gatedprune.checkpoints import strip_prefix
-from gatedprune.evaluate import corpus_scores, generate, token_cross_entropy
-from gatedprune.finalise import headline, ship
-from gatedprune.finetune import FineTuneConfig
-from gatedprune.importance import head_importance
-from gatedprune.lightning_module import GatedSeq2Seq
-from gatedprune.report import export_plan, heads_in_model, heads_kept, versions
+from gatedprune.training.checkpoints import strip_prefix
+from gatedprune.reports.scoring import corpus_scores, generate, token_cross_entropy
+from gatedprune.shipping.finalise import headline, ship
+from gatedprune.methods.importance import head_importance
+from gatedprune.training.module import GatedSeq2Seq
+from gatedprune.training.session import Session
+from gatedprune.reports.metrics import export_plan, heads_in_model, heads_kept
+from gatedprune.versions import versions
 from gatedprune.utils import format_table, write_json
+
+if TYPE_CHECKING:  # the methods' types only: gatedprune.methods.baselines imports this module to run them
+    from gatedprune.methods.baselines import Head, Level, PlanMethod
 
 
 class MaskedModel:
@@ -104,10 +107,11 @@ def load_weights(module: GatedSeq2Seq, saved: dict | None) -> None:
         module.teacher.load_state_dict(module.model.state_dict())
 
 
-def run(cfg: DictConfig, run_dir: Path, method: PlanMethod, module: GatedSeq2Seq, datamodule,
-        tuning: FineTuneConfig, checkpoint: Path | None, device: torch.device) -> dict:
+def run(session: Session, method: PlanMethod) -> dict:
     """Score the model, find the method's levels, export them; returns the run's metrics (also in metrics.json)."""
     run_start = time.perf_counter()  # the weights were loaded at set-up (load_weights)
+    cfg, run_dir, module, datamodule = session.cfg, session.run_dir, session.module, session.datamodule
+    tuning, checkpoint, device = session.tuning, session.checkpoint, session.device
     module.to(device)  # the model, its gates (the masks) and the teacher, if fine-tuning distils
     model, gates = module.model.eval(), module.gates
     shutil.rmtree(run_dir / "levels", ignore_errors=True)  # a relaunch with other levels leaves none of the old
@@ -134,7 +138,7 @@ def run(cfg: DictConfig, run_dir: Path, method: PlanMethod, module: GatedSeq2Seq
         if not chosen:
             raise ValueError(f"{method.label()}: no level to export (pruning.max_bleu_loss keeps none)")
 
-    val_pairs = datamodule.pairs["validation"][: cfg.export.samples]
+    val_pairs = datamodule.pairs["validation"][: session.export.samples]
     common = dict(method=method.label(), settings=method.describe(), dense=dense, seconds=seconds,
                   evaluations=probe.evaluations, seed=cfg.seed, checkpoint=str(checkpoint) if checkpoint else None,
                   params_before=sum(p.numel() for p in model.parameters()))
@@ -143,8 +147,8 @@ def run(cfg: DictConfig, run_dir: Path, method: PlanMethod, module: GatedSeq2Seq
         level_dir = run_dir / "levels" / f"{level.heads:03d}_heads"
         gates.fix_(probe.plan(level.kept)).set_mode("binary")
         started = time.perf_counter()
-        shipped = ship(cfg, module, datamodule, tuning, val_pairs, run_dir, device, rule="binary", top_k=None,
-                       out_dir=level_dir / "pruned", finetune_dir=level_dir / "pruned_finetuned", score_test=has_test)
+        shipped = ship(session, val_pairs, rule="binary", top_k=None, out_dir=level_dir / "pruned",
+                       finetune_dir=level_dir / "pruned_finetuned", score_test=has_test)
         # the exported model computes what the masked one does (verified), so its score is the level's
         level.info["validation"] = headline((shipped["finetuned"] or {}).get("validation_before") or shipped["exported"])
         metrics = level_metrics(level, shipped, time.perf_counter() - started, **common)

@@ -17,7 +17,7 @@ import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from gatedprune.head_gates import HeadGates  # noqa: E402
+from gatedprune.structures.head_gates import HeadGates  # noqa: E402
 from gatedprune.utils import atomic_write_bytes  # noqa: E402
 
 # {kind: [(layer, one value per head, None or nan where the layer has no such head), ...]}

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from gatedprune.head_gates import HeadGates, attach_gates
+from gatedprune.structures.head_gates import HeadGates, attach_gates
 
 GATED_CHECKPOINT_KEYS = ("state_dict", "hf_config", "gate_kinds", "gate_options")
 # config fields that say nothing about the weights: they may differ between a checkpoint and the run resuming it

@@ -16,15 +16,15 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
 import transformers
 from torch import nn
 
-from gatedprune import pruned_modeling
-from gatedprune.adapters import ATTENTION_KINDS, attention_sites
-from gatedprune.cli import version
-from gatedprune.pruned_modeling import CONFIG_KEY, upgrade_record
-from gatedprune.surgery import auto_class, count_parameters, family_class, plan_record, record_removed_parameters
+from gatedprune.surgery import pruned_modeling
+from gatedprune.structures.adapters import ATTENTION_KINDS, attention_sites
+from gatedprune.versions import versions
+from gatedprune.surgery.pruned_modeling import CONFIG_KEY, upgrade_record
+from gatedprune.surgery.model_loading import auto_class, family_class
+from gatedprune.surgery.cut import count_parameters, plan_record, record_removed_parameters
 
 log = logging.getLogger("gatedprune.export")
 
@@ -114,10 +114,6 @@ def weights_size(directory: Path) -> int:
     return sum(f.stat().st_size for f in directory.glob("*.safetensors"))
 
 
-def _versions() -> dict[str, str]:
-    return {"gatedprune": version(), "transformers": transformers.__version__, "torch": torch.__version__}
-
-
 def write_model(model: transformers.PreTrainedModel, directory: Path, tokenizer=None) -> None:
     """Weights, config (plan, source, versions, auto_map), tokenizer and the self-contained modeling file."""
     if plan_record(model) is None:
@@ -138,7 +134,7 @@ def write_model(model: transformers.PreTrainedModel, directory: Path, tokenizer=
         transformers.AutoModelForSeq2SeqLM, auto_class(model.config)}}
     config["auto_map"] = dict(sorted(auto_map.items()))
     config[CONFIG_KEY]["source_model"] = _source_model(model)
-    config[CONFIG_KEY]["versions"] = _versions()
+    config[CONFIG_KEY]["versions"] = versions()
     config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
@@ -172,7 +168,7 @@ def describe(model: transformers.PreTrainedModel, directory: Path, file_size_bef
         "file_size_before_measured": measured,
         "file_size_after": size_after,
         "plan": {kind: dict(per_kind) for kind, per_kind in record["kept_heads"].items()},
-        "versions": _versions(),
+        "versions": versions(),
     }
 
 

@@ -15,35 +15,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import ClassVar
 
 import torch
 from torch import nn
 
-from gatedprune.adapters import ATTENTION_KINDS, check_kinds
-from gatedprune.budget import HeadBudget, resolve_targets
-from gatedprune.distill import DistillOptions
-from gatedprune.hard_concrete import GATE_MODES, GateOptions
-from gatedprune.head_gates import PENALTY_NORMALISATIONS, HeadGates
+from gatedprune.methods.base import Method
+from gatedprune.methods.budget import HeadBudget, resolve_targets
+from gatedprune.shipping.export_dir import check_out_dir
+from gatedprune.structures.hard_concrete import GATE_MODES, GateOptions
+from gatedprune.structures.head_gates import PENALTY_NORMALISATIONS, HeadGates
 from gatedprune.utils import check_numbers
 
 
-def check_method_fields(method) -> None:
-    """What every method (gated or scoring a trained model) checks of its config: its numbers, the attention kinds,
-    and the distillation options (a dict when they come from a config file)."""
-    check_numbers("pruning", method)
-    if isinstance(method.distill, dict):
-        method.distill = DistillOptions(**method.distill)
-    method.kinds = check_kinds(method.kinds)
-
-
 @dataclass
-class GatedPruning:
-    """What is gated, when gating starts, and the gates' own settings."""
+class GatedPruning(Method):
+    """What is gated, when gating starts, and the gates' own settings. Its run trains the gates, then ships the
+    plan their export rule keeps (``gatedprune.methods.gated_run``)."""
 
-    trains_gates: ClassVar[bool] = True  # the methods of gatedprune.baselines score a trained model instead
     name: ClassVar[str] = "gated"
-    kinds: tuple[str, ...] = ATTENTION_KINDS
+    loads_checkpoint_itself: ClassVar[bool] = True  # trainer.fit reads a resumed checkpoint (weights, optimiser)
     start_step: int = 0  # dense phase: gates open and no penalty before this optimiser step
     gate_lr: float = 0.1
     eval_gate_mode: str = "binary"  # validation computes the function that export would keep
@@ -55,10 +47,10 @@ class GatedPruning:
     # anneal the gates' temperature geometrically from gates.temperature to this over the gated phase (None: fixed);
     # a lower temperature makes the samples closer to 0 or 1, so training sees the binary plan's noise less
     final_temperature: float | None = None
-    distill: DistillOptions = field(default_factory=DistillOptions)  # from the dense model, while gating
+    # distill (from Method): distillation from the dense model while gating
 
     def __post_init__(self) -> None:
-        check_method_fields(self)
+        super().__post_init__()
         if isinstance(self.gates, dict):  # from a config file
             check_numbers("pruning.gates", GateOptions, self.gates)
             self.gates = GateOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in self.gates.items()})
@@ -75,6 +67,25 @@ class GatedPruning:
     def gate_options(self) -> GateOptions:
         return self.gates
 
+    # ---- the run (gatedprune.methods.base.Method) ------------------------------------------------------------------
+    def check_outputs(self, export, tuning, run_dir: Path):
+        tuning = super().check_outputs(export, tuning, run_dir)
+        if export.enabled:
+            check_out_dir(Path(export.out_dir), protected=[run_dir])
+            if tuning.steps:
+                check_out_dir(Path(tuning.out_dir), protected=[run_dir, Path(export.out_dir)])
+        return tuning
+
+    def gating(self) -> GatedPruning:
+        return self
+
+    def run(self, session) -> dict:
+        from gatedprune.methods.gated_run import fit_and_ship
+
+        return fit_and_ship(self, session)
+
+    # ---- what the Lightning module asks ------------------------------------------------------------------------
+
     def build(self, gates: HeadGates) -> nn.Module | None:
         """Trainable state of the method beside the gates (a Lagrangian's multipliers), or None."""
         return None
@@ -86,6 +97,53 @@ class GatedPruning:
     def export_rule(self, state: nn.Module | None) -> tuple[str, int | dict | None]:
         """(rule, top_k) for ``HeadGates.plan``."""
         return "binary", None
+
+    def param_groups(self, state: nn.Module | None) -> list[dict]:
+        """Optimiser groups of the method's own state, after the model's and the gates' (none by default)."""
+        return []
+
+    def migrate_checkpoint(self, checkpoint: dict, state: nn.Module | None, prefix: str) -> None:
+        """Fit a checkpoint another method wrote (an l0 run's dense.ckpt into l0_budget, or back) to this one.
+
+        The model's and the gates' weights and optimiser groups carry over; the method's own state (saved under
+        ``prefix``, with the optimiser groups of ``param_groups`` after the model's and the gates') starts fresh
+        where the source had none or had it of other shapes, and goes where this method has none.
+        """
+        state_dict = checkpoint["state_dict"]
+        saved = [k for k in state_dict if k.startswith(prefix)]
+        fresh = {f"{prefix}{k}": v for k, v in state.state_dict().items()} if state is not None else {}
+        groups_now = self.param_groups(state)
+        expected = 2 + len(groups_now)  # the model's, the gates', then the method's (training.module)
+        regrouped = saved and fresh and any(state_dict[k].shape != v.shape for k, v in fresh.items() if k in state_dict)
+        if regrouped:  # e.g. a budget over other groups (one total, or one per kind): its state starts afresh
+            state_dict.update(fresh)
+            for optimizer in checkpoint.get("optimizer_states", []):
+                for group in optimizer["param_groups"][2:]:
+                    for index in group["params"]:
+                        optimizer["state"].pop(index, None)
+        if state is not None and not saved:
+            state_dict.update(fresh)
+        elif state is None:
+            for key in saved:
+                del state_dict[key]
+        for optimizer in checkpoint.get("optimizer_states", []):
+            groups = optimizer["param_groups"]
+            while len(groups) > expected:
+                for index in groups.pop()["params"]:
+                    optimizer["state"].pop(index, None)
+            first = sum(len(group["params"]) for group in groups)
+            for wanted in groups_now[len(groups) - 2:]:
+                count = len(wanted["params"])
+                groups.append({**groups[1], "params": list(range(first, first + count)), "lr": wanted["lr"],
+                               "initial_lr": wanted["lr"], "weight_decay": wanted["weight_decay"]})
+                first += count
+        lrs = [group["lr"] for group in groups_now]
+        for scheduler in checkpoint.get("lr_schedulers", []):
+            for key in ("base_lrs", "_last_lr"):
+                if key in scheduler and len(scheduler[key]) != expected:
+                    scheduler[key] = scheduler[key][:2] + lrs
+            if "lr_lambdas" in scheduler:
+                scheduler["lr_lambdas"] = (scheduler["lr_lambdas"] + [None] * len(lrs))[:expected]
 
     def settles_from(self) -> int:
         """Gated steps before which the plan is still meant to move, so ``stop_when_stable`` does not count it."""
@@ -148,6 +206,10 @@ class L0Budget(GatedPruning):
 
     def build(self, gates: HeadGates) -> HeadBudget:
         return HeadBudget(gates, resolve_targets(self.target_heads, gates), self.target_warmup_steps)
+
+    def param_groups(self, state: HeadBudget) -> list[dict]:
+        # lambda1, lambda2: their gradients are negated (HeadBudget), so this is ascent
+        return [{"params": list(state.parameters()), "weight_decay": 0.0, "lr": self.lagrangian_lr}]
 
     def penalty(self, gates: HeadGates, state: HeadBudget, gated_step: int) -> tuple[torch.Tensor, dict]:
         penalty = state(gated_step)

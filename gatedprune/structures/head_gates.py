@@ -14,8 +14,8 @@ from collections import Counter
 import torch
 from torch import nn
 
-from gatedprune.adapters import ATTENTION_KINDS, AttentionSite, attention_sites, check_kinds
-from gatedprune.hard_concrete import GATE_MODES, GateOptions, HardConcreteGate
+from gatedprune.structures.adapters import ATTENTION_KINDS, AttentionSite, attention_sites, check_kinds
+from gatedprune.structures.hard_concrete import GATE_MODES, GateOptions, HardConcreteGate
 
 PENALTY_NORMALISATIONS = ("layer_mean", "sum", "head_mean")
 RULES = ("binary", "top-k")  # how gates become a plan: log_alpha > 0, or the k largest log_alpha

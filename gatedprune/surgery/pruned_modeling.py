@@ -1,6 +1,6 @@
 """Runtime of a seq2seq model whose attention heads were removed by gatedprune.
 
-This file is both the cutting routine that ``gatedprune.surgery`` calls and the self-contained modeling file the
+This file is both the cutting routine that ``gatedprune.surgery.cut`` calls and the self-contained modeling file the
 exporter writes beside the weights (as ``modeling_gatedprune.py``) so that
 ``AutoModelForSeq2SeqLM.from_pretrained(d, trust_remote_code=True)`` works; it therefore imports only torch and
 transformers and takes everything it needs to know about the family from the plan record in ``config.gatedprune``:

@@ -17,17 +17,12 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES,
 )
 
-from gatedprune.adapters import ATTENTION_KINDS, LayoutError, attention_sites, probe
-from gatedprune.export import save_pruned
-from gatedprune.head_gates import attach_gates
-from gatedprune.surgery import (
-    auto_class,
-    count_parameters,
-    load_pruned,
-    masked_heads,
-    prune_heads,
-    removed_parameters,
-)
+from gatedprune.structures.adapters import ATTENTION_KINDS, LayoutError, attention_sites, probe
+from gatedprune.shipping.export import save_pruned
+from gatedprune.structures.head_gates import attach_gates
+from gatedprune.structures.masking import masked_heads
+from gatedprune.surgery.cut import count_parameters, prune_heads, removed_parameters
+from gatedprune.surgery.model_loading import auto_class, load_pruned
 
 TINY = {"hidden": 32, "head_dim": 8, "heads": 4, "kv_heads": 2, "ffn": 48, "layers": 2, "vocab": 128}
 

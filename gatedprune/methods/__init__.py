@@ -1,0 +1,12 @@
+"""The methods that decide what goes: each a config option (``pruning=<name>``) that runs itself (``base.Method``).
+
+Gates trained with a penalty or a budget (``gated``), and the literature's baselines that score a trained model
+(``baselines``). The names below keep the ``_target_`` paths written before the package had subfolders
+(``gatedprune.methods.L0``) working.
+"""
+
+from gatedprune.methods.baselines import AStar, Michel, PlanMethod, Random
+from gatedprune.methods.base import Method
+from gatedprune.methods.gated import L0, GatedPruning, L0Budget
+
+__all__ = ["AStar", "GatedPruning", "L0", "L0Budget", "Method", "Michel", "PlanMethod", "Random"]

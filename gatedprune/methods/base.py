@@ -1,0 +1,87 @@
+"""What every pruning method is: a config option (``pruning=<name>``, its own ``_target_``) that runs itself.
+
+``train.py`` composes the run and calls the method's hooks in this order; it never asks which method it holds:
+
+1. ``check_schedule(trainer.max_steps)`` and ``check_outputs(export, finetune, run_dir)``: settings the method
+   cannot work with are refused before anything heavy runs;
+2. ``needs_trained_model``: a method that scores a trained model is refused without one;
+3. ``check_checkpoint(path, saved)`` and ``checkpoint_kinds(saved)``: what of a checkpoint it accepts;
+4. ``gating()``: the gates the Lightning module is built with (``GatedPruning`` settings);
+5. ``prepare(module, saved)`` once the module exists, then ``check_trainer(trainer)``;
+6. ``run(session)``: fit then ship (the gates), or score levels then ship (the baselines); returns the metrics.
+
+A new method is a dataclass beside the others and a YAML file under ``conf/pruning/``: no edit to ``train.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from gatedprune.structures.adapters import ATTENTION_KINDS, check_kinds
+from gatedprune.training.distill import DistillOptions
+from gatedprune.utils import check_numbers
+
+
+@dataclass
+class Method:
+    """What every method shares: the attention kinds it may prune, and distillation from the unpruned model."""
+
+    name: ClassVar[str] = "method"
+    # a method that scores a trained model is refused without one (resume= or model=pretrained)
+    needs_trained_model: ClassVar[bool] = False
+    # whether trainer.fit reads a resumed checkpoint itself (so the copy read at set-up is freed before the module
+    # is built), or ``prepare`` loads what it needs of it
+    loads_checkpoint_itself: ClassVar[bool] = False
+    kinds: tuple[str, ...] = ATTENTION_KINDS
+    distill: DistillOptions = field(default_factory=DistillOptions)
+
+    def __post_init__(self) -> None:
+        check_numbers("pruning", self)
+        if isinstance(self.distill, dict):  # from a config file
+            self.distill = DistillOptions(**self.distill)
+        self.kinds = check_kinds(self.kinds)
+
+    # ---- set-up checks, in the order train.py calls them --------------------------------------------------------
+    def check_schedule(self, max_steps: int | None) -> None:
+        """Refuse a trainer schedule the method cannot work in (called with ``trainer.max_steps``)."""
+
+    def check_outputs(self, export, tuning, run_dir: Path):
+        """Refuse what the run would ship that cannot work; returns the fine-tuning settings that apply.
+
+        ``export``: ``ExportConfig``; ``tuning``: ``FineTuneConfig``. Shared by every method: fine-tuning with the
+        teacher needs distillation settings, and a run that exports nothing fine-tunes nothing.
+        """
+        if tuning.distill and not self.distill.on:
+            raise ValueError("finetune.distill=true needs a teacher: set pruning.distill.alpha or pruning.distill.hidden "
+                             "> 0 (it is kept only then)")
+        if tuning.steps and not export.enabled:  # fine-tuning is on by default; an unexported run has no model
+            print(f"note: export.enabled=false: nothing is exported, so nothing is fine-tuned (finetune.steps="
+                  f"{tuning.steps} does not apply)")
+            tuning = dataclasses.replace(tuning, steps=0)
+        return tuning
+
+    def check_checkpoint(self, path: Path, saved: dict) -> None:
+        """Refuse a checkpoint (loaded as ``saved``) the method cannot start from."""
+
+    def checkpoint_kinds(self, saved: dict) -> tuple[str, ...]:
+        """The attention kinds whose gates the checkpoint must match to be resumed with this method."""
+        return self.kinds
+
+    def gating(self):
+        """The ``GatedPruning`` settings the Lightning module is built with."""
+        raise NotImplementedError
+
+    def prepare(self, module, saved: dict | None) -> None:
+        """Once the module exists: check the settings against its gates, load what ``run`` needs of ``saved``."""
+
+    def check_trainer(self, trainer) -> None:
+        """Refuse a trainer the method cannot run on (e.g. several processes)."""
+
+    # ---- the run -----------------------------------------------------------------------------------------------
+    def run(self, session) -> dict:
+        """Run to the end (``session``: ``gatedprune.training.session.Session``); returns the run's metrics (also
+        written to ``metrics.json``), or {} in a DDP process other than rank 0."""
+        raise NotImplementedError

@@ -1,0 +1,345 @@
+"""Finalise a gated model: gates -> plan -> pruned copy -> verified against the gated model -> export directory.
+
+``export_gated`` does it for a model in memory, ``export_checkpoint`` for a run directory or checkpoint (what
+``gatedprune-export`` runs). What the directory holds and how it is written: ``gatedprune.shipping.export_dir``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import shutil
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+from torch import nn
+
+from gatedprune.shipping import export_dir
+from gatedprune.training.checkpoints import load_gated_checkpoint
+from gatedprune.errors import RunFailed
+from gatedprune.shipping.export_dir import MODELING_FILE, REPORT_FILE, check_out_dir, save_pruned  # noqa: F401  (API)
+from gatedprune.structures.head_gates import RULES, HeadGates
+from gatedprune.surgery.model_loading import auto_class, fresh_model, load_pruned
+from gatedprune.surgery.cut import count_parameters, prune_heads, removed_parameters
+from gatedprune.structures.masking import masked_heads
+from gatedprune.utils import check_numbers
+
+log = logging.getLogger("gatedprune.export")  # the name users configure logging by, wherever the module lives
+
+TOLERANCE = 1e-4  # largest |logit difference| (float32) allowed between the gated and the pruned model
+
+Pairs = Sequence[tuple[str, str]]
+
+
+@dataclass
+class ExportConfig:
+    """``export.*``: what ``train.py`` ships at the end of a run (``conf/export/default.yaml`` holds the defaults)."""
+
+    enabled: bool = True
+    rule: str = "binary"  # binary: keep heads with log_alpha > 0; top-k: keep the top_k heads by log_alpha
+    top_k: int | None = None
+    samples: int = 32  # validation pairs the export verifies on
+    out_dir: str = "pruned"
+
+    def __post_init__(self) -> None:
+        check_numbers("export", self)
+        if self.rule not in RULES:
+            raise ValueError(f"export.rule={self.rule!r}; allowed: {', '.join(RULES)}")
+        if (self.rule == "top-k") != (self.top_k is not None):
+            raise ValueError(f"export.rule={self.rule} with export.top_k={self.top_k}; allowed: top_k (a head count) "
+                             "with rule top-k only")
+
+
+class ExportError(RunFailed):
+    """The pruned model does not compute what the gated model computes; the message carries the numbers."""
+
+
+# --- gates -> plan --------------------------------------------------------------------------------------------
+
+
+def _rule_name(rule: str, top_k: int | None) -> str:
+    return "binary" if rule == "binary" else f"top-k, k={top_k}"
+
+
+# --- verification inputs and outputs -------------------------------------------------------------------------
+
+
+def sample_batch(
+    model: nn.Module,
+    tokenizer=None,
+    sample_inputs: Mapping[str, torch.Tensor] | Pairs | None = None,
+    *,
+    num_random: int = 4,
+    max_length: int = 128,
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
+    """The verification batch: given tensors, tokenized (source, target) pairs, or random ids when none are given."""
+    if isinstance(sample_inputs, Mapping):
+        return {name: torch.as_tensor(value) for name, value in sample_inputs.items()}
+    if sample_inputs is not None:
+        if tokenizer is None:
+            raise ValueError("text pairs as sample inputs need a tokenizer")
+        sources, targets = zip(*sample_inputs)
+        batch = tokenizer(
+            list(sources), text_target=list(targets), padding=True, truncation=True, max_length=max_length,
+            return_tensors="pt",
+        )
+        return dict(batch)  # input_ids, attention_mask, labels (the model shifts labels into decoder inputs)
+    config = model.config
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(config.vocab_size, (num_random, 16), generator=generator)  # (B, S)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[-1, input_ids.shape[1] // 2 :] = 0  # one padded row, so the masks are exercised too
+    decoder_input_ids = torch.randint(config.vocab_size, (num_random, 12), generator=generator)  # (B, T)
+    if config.decoder_start_token_id is not None:
+        decoder_input_ids[:, 0] = config.decoder_start_token_id
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "decoder_input_ids": decoder_input_ids}
+
+
+@torch.no_grad()
+def _logits(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    device = next(model.parameters()).device
+    return model(**{name: value.to(device) for name, value in batch.items()}).logits.float()  # (B, T, V)
+
+
+@torch.no_grad()
+def _greedy(model: nn.Module, batch: dict[str, torch.Tensor], max_new_tokens: int) -> torch.Tensor:
+    device = next(model.parameters()).device
+    return model.generate(
+        input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
+        max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+    ).cpu()
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.cpu() - b.cpu()).abs().max())
+
+
+@contextmanager
+def _full_float32(device_type: str) -> Iterator[None]:
+    """True float32 matmuls (no TF32) and no autocast, whatever the trainer set, for the 1e-4 comparison."""
+    precision, cudnn_tf32 = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        with torch.autocast(device_type, enabled=False):
+            yield
+    finally:
+        torch.set_float32_matmul_precision(precision)
+        torch.backends.cudnn.allow_tf32 = cudnn_tf32
+
+
+def _float32_copy(model: transformers.PreTrainedModel, device: torch.device | str | None) -> nn.Module:
+    """A float32 copy of ``model`` without its gate hooks (a fresh instance, so no hook comes along)."""
+    clone = fresh_model(copy.deepcopy(model.config))
+    clone.load_state_dict(model.state_dict())
+    clone.generation_config = copy.deepcopy(model.generation_config)
+    return clone.to(device=device or next(model.parameters()).device, dtype=torch.float32).eval()
+
+
+# --- writing the directory -----------------------------------------------------------------------------------
+
+
+# --- the exporter --------------------------------------------------------------------------------------------
+
+
+def export_gated(
+    model: transformers.PreTrainedModel,
+    gates: HeadGates,
+    out_dir: str | Path,
+    tokenizer=None,
+    rule: str = "binary",
+    top_k: int | None = None,
+    sample_inputs: Mapping[str, torch.Tensor] | Pairs | None = None,
+    overwrite: bool = False,
+    *,
+    max_new_tokens: int = 20,
+    device: torch.device | str | None = "cpu",
+) -> dict:
+    """Prune a copy of the gated ``model`` by the gate rule, verify it, and write the export directory.
+
+    The caller's model and gates are left as they are. Verification (float32, on ``sample_inputs``: a batch of
+    tensors or (source, target) text pairs; random ids when None): the pruned model's logits within 1e-4 of the
+    gated model with gates fixed to the plan, identical greedy generations, both reloading paths giving the
+    in-memory pruned model's logits, and the parameter count down by exactly the removed heads' parameters.
+    Raises ``ExportError`` with the numbers (and writes nothing) if any check fails; returns the report.
+    ``device`` runs the verification (None: the model's device); the exported weights are the same either way.
+    """
+    out_dir = Path(out_dir)
+    export_dir.check_target(out_dir, overwrite)  # fail before the expensive part
+    plan = gates.plan(rule, top_k)
+    rule_name = _rule_name(rule, top_k)
+    unconverged = gates.unconverged()
+    if unconverged:
+        log.warning(
+            "gates have not converged: %d of %d deterministic gates lie strictly between 0 and 1",
+            unconverged, gates.num_heads,
+        )
+    kept = sum(len(heads) for heads in plan.values())
+    log.info("rule %s keeps %d of %d gated heads and removes %d", rule_name, kept, gates.num_heads,
+             gates.num_heads - kept)
+    binary = gates.plan()
+    decided = sum(len(set(plan[path]) ^ set(binary[path])) for path in plan)  # heads where the rule overrode log_alpha > 0
+    if rule != "binary":
+        log.info("rule %s decided %d heads differently from the binary rule (log_alpha > 0)", rule_name, decided)
+
+    save_dtype = next(model.parameters()).dtype
+    work = _float32_copy(model, device)
+    batch = sample_batch(work, tokenizer, sample_inputs)
+    inputs = (
+        f"{len(batch['input_ids'])} random input sequences" if sample_inputs is None
+        else f"{len(batch['input_ids'])} validation samples"
+    )
+    on = next(work.parameters()).device
+    with _full_float32(on.type), export_dir.staged(out_dir, overwrite) as stage:
+        with masked_heads(work, plan):
+            gated_logits, gated_tokens = _logits(work, batch), _greedy(work, batch, max_new_tokens)
+        params_before = count_parameters(work)
+        params_removed = removed_parameters(work, plan)
+        work.save_pretrained(stage / "unpruned")
+        size_before = export_dir.weights_size(stage / "unpruned")
+        shutil.rmtree(stage / "unpruned")
+
+        prune_heads(work, plan, rule=rule_name)
+        pruned_logits, pruned_tokens = _logits(work, batch), _greedy(work, batch, max_new_tokens)
+        export_dir.write_model(work.to(save_dtype), stage, tokenizer)
+        reload_options = {"dtype": torch.float32, "attn_implementation": work.config._attn_implementation}
+        reloaded = {
+            "load_pruned": load_pruned(stage, **reload_options),
+            "trust_remote_code": auto_class(work.config).from_pretrained(
+                stage, trust_remote_code=True, **reload_options
+            ),
+        }
+        reload_diffs = {way: _max_diff(_logits(m.to(on), batch), pruned_logits) for way, m in reloaded.items()}
+        check = {
+            "inputs": inputs,
+            "max_abs_logit_diff": _max_diff(gated_logits, pruned_logits),
+            "tolerance": TOLERANCE,
+            "greedy_identical": bool(torch.equal(gated_tokens, pruned_tokens)),
+            "greedy_sequences": len(gated_tokens),
+            "max_new_tokens": max_new_tokens,
+            "reload_max_abs_logit_diff": reload_diffs,
+            "params_match": count_parameters(work) == params_before - params_removed,
+        }
+        check["passed"] = (
+            check["max_abs_logit_diff"] < TOLERANCE
+            and check["greedy_identical"]
+            and all(diff < TOLERANCE for diff in reload_diffs.values())
+            and check["params_match"]
+        )
+        report = {
+            **export_dir.describe(work, stage, size_before), "unconverged_gates": unconverged, "decided_by_rule": decided,
+            "verification": check,
+        }
+        log.info("%s", _verification_summary(report))
+        if not check["passed"]:
+            raise ExportError(
+                f"verification failed, nothing written to {out_dir}:\n{_verification_summary(report)}\n"
+                f"parameters: before {params_before}, removed heads' {params_removed}, "
+                f"after {report['params_after']} (expected {params_before - params_removed})"
+            )
+        export_dir.write_card(stage, work, report)
+    log.info("wrote %s", out_dir)
+    return report
+
+
+def _verification_summary(report: dict) -> str:
+    check = report["verification"]
+    kept, total = report["heads_kept"]["total"]
+    return "\n".join([
+        f"heads kept {kept}/{total} ("
+        + ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in report["heads_kept"].items() if k != "total") + ")",
+        f"parameters {report['params_before']:,} -> {report['params_after']:,}; weights file "
+        f"{export_dir.megabytes(report['file_size_before'])} -> {export_dir.megabytes(report['file_size_after'])}",
+        f"verification on {check['inputs']}: max |logit diff| gated vs pruned {check['max_abs_logit_diff']:.3g} "
+        f"(tolerance {check['tolerance']:g}); greedy identical: {check['greedy_identical']}; "
+        f"reloaded max |logit diff|: {export_dir.reload_diffs(check)}; parameter count exact: {check['params_match']}",
+    ])
+
+
+# --- from a training run -------------------------------------------------------------------------------------
+
+
+def _find_run_files(source: Path) -> tuple[Path, Path | None]:
+    """(checkpoint, run dir) of a run directory or of a checkpoint path inside one."""
+    if not source.is_dir():
+        if not source.is_file():
+            raise FileNotFoundError(f"no run directory or checkpoint at {source}")
+        run_dir = next((d for d in source.parents if (d / "metrics.json").exists()), None)
+        return source, run_dir
+    metrics = source / "metrics.json"
+    if not metrics.is_file():  # a run still going, or one that stopped: its last checkpoint
+        if (source / "checkpoints" / "last.ckpt").is_file():
+            return source / "checkpoints" / "last.ckpt", source
+        raise FileNotFoundError(
+            f"{source} holds neither metrics.json nor checkpoints/last.ckpt; give a run directory or a .ckpt file"
+        )
+    try:
+        recorded = Path(json.loads(metrics.read_text())["checkpoint"])
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise ValueError(f"{metrics} is not a metrics.json written by train.py (no checkpoint named)") from None
+    # as recorded (absolute, or relative to where training ran), relative to the run, or moved along with the run
+    candidates = [recorded, source / recorded, source / "checkpoints" / recorded.name]
+    checkpoint = next((c for c in candidates if c.is_file()), None)
+    if checkpoint is None:
+        raise FileNotFoundError(f"the checkpoint of {source} is not at any of {[str(c) for c in candidates]}")
+    return checkpoint, source
+
+
+def read_pairs(path: Path, limit: int) -> list[tuple[str, str]]:
+    """The first ``limit`` (source, target) pairs of a JSON-lines file with "source" and "target" fields."""
+    pairs = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                    pairs.append((str(row["source"]), str(row["target"])))
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise ValueError(f"{path}:{number}: expected a JSON object with source and target") from None
+            if len(pairs) == limit:
+                break
+    return pairs
+
+
+def export_checkpoint(
+    source: str | Path,
+    out_dir: str | Path,
+    *,
+    rule: str = "binary",
+    top_k: int | None = None,
+    overwrite: bool = False,
+    samples: int = 8,
+    val_pairs: str | Path | None = None,
+    max_new_tokens: int = 20,
+    device: str | None = "cpu",
+) -> dict:
+    """``export_gated`` for a run directory or a Lightning checkpoint; tokenizer and val_pairs.jsonl from the run."""
+    checkpoint, run_dir = _find_run_files(Path(source))
+    check_out_dir(Path(out_dir), protected=[checkpoint, *([run_dir] if run_dir else [])])
+    model, gates = load_gated_checkpoint(checkpoint)
+    tokenizer = None
+    if run_dir is not None and (run_dir / "tokenizer").is_dir():
+        tokenizer = transformers.AutoTokenizer.from_pretrained(run_dir / "tokenizer")
+    else:
+        log.warning("no tokenizer/ beside %s: the export will hold no tokenizer", checkpoint)
+    if val_pairs is None and run_dir is not None and (run_dir / "val_pairs.jsonl").exists():
+        val_pairs = run_dir / "val_pairs.jsonl"
+    pairs = read_pairs(Path(val_pairs), samples) if val_pairs is not None and tokenizer is not None else None
+    return export_gated(
+        model, gates, out_dir, tokenizer, rule=rule, top_k=top_k, sample_inputs=pairs, overwrite=overwrite,
+        max_new_tokens=max_new_tokens, device=device,
+    )
+
+
+if __name__ == "__main__":  # python -m gatedprune.shipping.export (the command's own module): the command, as documented
+    import sys
+
+    from gatedprune.cli import export_command
+
+    sys.exit(export_command())
