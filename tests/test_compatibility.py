@@ -1,0 +1,58 @@
+"""What was written before the package moved into subfolders still works: a run directory (its recorded config
+names the old ``_target_`` paths), its checkpoint and its export (``tests/data/run_0.1.0``, made at 7d66e69)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from helpers import ROOT, compose_train
+from gatedprune import load_pruned
+from gatedprune.cli import export_command
+
+OLD_RUN = ROOT / "tests" / "data" / "run_0.1.0"
+SHAPES = ["model.from_scratch.d_model=16", "model.from_scratch.encoder_ffn_dim=32",
+          "model.from_scratch.decoder_ffn_dim=32"]
+
+
+@pytest.fixture
+def old_run(tmp_path) -> Path:
+    run = tmp_path / "old_run"
+    shutil.copytree(OLD_RUN, run)
+    return run
+
+
+def _logits(model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=ids, decoder_input_ids=ids[:, :4]).logits
+
+
+def test_an_old_export_loads_both_ways(old_run):
+    ids = torch.tensor([[5, 6, 7, 8, 9, 2]])
+    ours = load_pruned(old_run / "pruned").eval()
+    stock = transformers.AutoModelForSeq2SeqLM.from_pretrained(old_run / "pruned", trust_remote_code=True).eval()
+    assert torch.equal(_logits(ours, ids), _logits(stock, ids))
+
+
+def test_an_old_run_exports_with_heads_removed(old_run, tmp_path):
+    out = tmp_path / "export"
+    assert export_command([str(old_run), str(out), "--top-k", "12"]) == 0
+    report = json.loads((out / "export_report.json").read_text())
+    assert report["heads_kept"]["total"] == [12, 24] and report["verification"]["passed"]
+    assert sum(p.numel() for p in load_pruned(out).parameters()) == report["params_after"]
+
+
+def test_an_old_run_resumes_and_its_export_is_evaluated(old_run, tmp_path):
+    from gatedprune.reports.evaluate import evaluate_dir
+    from gatedprune.train import train
+
+    scored = evaluate_dir(old_run / "pruned", "test")  # the run's recorded config: old _target_ paths
+    assert scored["sentences"] == 40 and 0 <= scored["bleu"] <= 100
+    metrics = train(compose_train(tmp_path / "resumed", "experiment=smoke", *SHAPES, "trainer.max_steps=24",
+                                  f"resume={old_run}"))
+    assert metrics["steps"] == 24 and metrics["export"]["verification"]["passed"]
