@@ -10,8 +10,9 @@ if os.environ.get("LOCAL_RANK") and (len(sys.argv) < 2 or sys.argv[1] not in COM
     # arguments it passes on are train's, without the command word
     sys.argv.insert(1, "train")
 if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
-    print(f"usage: python -m gatedprune {{{','.join(COMMANDS)}}} [arguments]; e.g. python -m gatedprune export --help",
-          file=sys.stderr)
+    wrong = f"unknown command {sys.argv[1]}" if len(sys.argv) > 1 else "no command given"
+    print(f"error: {wrong}; usage: python -m gatedprune {{{','.join(COMMANDS)}}} [arguments]; e.g. python -m "
+          "gatedprune export --help", file=sys.stderr)
     sys.exit(2)
 command = COMMANDS[sys.argv[1]]
 sys.argv = [f"gatedprune-{sys.argv[1]}", *sys.argv[2:]]

@@ -2,6 +2,7 @@
 
 from gatedprune.reports.analysis import *  # noqa: F401,F403
 from gatedprune.reports.analysis import analyze  # noqa: F401
+from gatedprune.reports.head_report import *  # noqa: F401,F403  (the report's writers lived here too)
 from gatedprune.reports.head_report import write_report  # noqa: F401
 
 

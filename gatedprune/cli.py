@@ -31,6 +31,7 @@ def train_command() -> None:
 
     @hydra.main(version_base="1.3", config_path="conf", config_name="train")
     def main(cfg: DictConfig) -> float | None:
+        metrics = None  # a failed member of a -m sweep: recorded, and the sweep goes on (reported_errors)
         with reported_errors():  # bad input: `error: ...`, exit 2; a run that diverged or did not verify: exit 1
             metrics = train(cfg)
         # Hydra sweepers optimise the returned value; DDP processes other than rank 0 report nothing
@@ -66,13 +67,20 @@ def export_command(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--top-k", type=int, default=None, help="keep exactly N heads (largest log_alpha) instead of log_alpha > 0"
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty out_dir")
-    parser.add_argument("--samples", type=int, default=8, help="validation pairs to verify on (when the run has them)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a non-empty out_dir (never the source run, nor a folder inside it)")
+    parser.add_argument("--samples", type=int, default=8,
+                        help="validation pairs to verify on, >= 1 (when the run has them)")
     parser.add_argument("--val-pairs", default=None, help="JSON-lines file of {source, target} pairs to verify on")
-    parser.add_argument("--max-new-tokens", type=int, default=20, help="length of the greedy generations compared")
-    parser.add_argument("--device", default="cpu", help="device for verification (default cpu)")
+    parser.add_argument("--max-new-tokens", type=int, default=20,
+                        help="length of the greedy generations compared, >= 1")
+    parser.add_argument("--device", default="cpu", help="device for verification: cpu (default), cuda, cuda:N, mps")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    import transformers
+
+    # the export says what it does in its own lines; transformers' save and load bars would add more to stderr
+    transformers.utils.logging.disable_progress_bar()
     return run_reported(lambda: export_checkpoint(
         args.source, args.out_dir, rule="binary" if args.top_k is None else "top-k", top_k=args.top_k,
         overwrite=args.overwrite, samples=args.samples, val_pairs=args.val_pairs,
@@ -128,17 +136,32 @@ def evaluate_command(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="where to write the scores (default MODEL_DIR/eval.json)")
     args = parser.parse_intermixed_args(argv)  # options and data overrides in any order
     set_offline_defaults()  # a hub id is read from the cache unless the user says otherwise
+    import transformers
+
+    # a refusal is one line on stderr: transformers' loading bar would come before one found after the model loads
+    transformers.utils.logging.disable_progress_bar()
 
     def run() -> None:
-        result = evaluate_dir(args.model_dir, args.split, args.overrides, args.num_beams, args.batch_size)
         local = Path(args.model_dir).is_dir()  # a hub id gets a file here, not a folder named like it
         out = Path(args.out) if args.out else (Path(args.model_dir) / "eval.json" if local else
                                                Path(f"eval-{args.model_dir.replace('/', '--')}.json"))
+        check_out_file(out, "--out")  # before the evaluation, which may take a while, not after it
+        result = evaluate_dir(args.model_dir, args.split, args.overrides, args.num_beams, args.batch_size)
         write_json(out, result)
         print(score_table({f"{args.split} ({result['sentences']} sentences)": result}))
         print(f"sacreBLEU: {result['sacrebleu_signature']['bleu']}\nwrote {out}")
 
     return run_reported(run)
+
+
+def check_out_file(out, option: str) -> None:
+    """Refuse a file to write that is a directory, or lies under a file (``ValueError``, one line)."""
+    if out.is_dir():
+        raise ValueError(f"{option} {out} is a directory; allowed: a file path (e.g. {out / 'eval.json'})")
+    # the nearest folder above that exists must be one: a file there would fail the write with NotADirectoryError
+    above = next((p for p in out.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ValueError(f"{option} {out}: {above} is a file, not a directory; allowed: a path under directories")
 
 
 def analyze_command(argv: Sequence[str] | None = None) -> int:
@@ -166,6 +189,9 @@ def analyze_command(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="where to write (default SOURCE/analysis)")
     args = parser.parse_intermixed_args(argv)
     set_offline_defaults()
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # a refusal is one line on stderr, as in gatedprune-evaluate
 
     def run() -> None:
         report = analyze(args.source, args.split, args.max_pairs, args.overrides)

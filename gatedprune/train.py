@@ -17,12 +17,14 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from gatedprune.errors import BAD_INPUT, one_line
 from gatedprune.methods.base import Method
+from gatedprune.shipping.export import ExportConfig
 from gatedprune.training import checkpoints, rundir
+from gatedprune.training.checkpoint_io import AtomicCheckpointIO
 from gatedprune.training.csv_logger import ResumableCSVLogger
 from gatedprune.training.session import Session
 
@@ -44,13 +46,15 @@ def train(cfg: DictConfig) -> dict:
     (under DDP, rank 0 does: the other processes only train, and return {}).
 
     ``<output_dir>/status.json`` says "running", then "done", "interrupted" or "failed" with the error. Bad input
-    is refused during set-up, before training starts; a run directory made for this run is then removed.
+    is refused during set-up, before training starts; a run directory made for this run is then removed (a
+    member's of a ``-m`` sweep is kept with its failed status, for the sweep's summary to list).
     """
     run_dir = Path(cfg.paths.output_dir)
     if rank_zero_only.rank > 0:  # a DDP process started by rank 0's trainer.fit: it trains, rank 0 reports
         session, method = _setup(cfg, run_dir)
         return method.run(session)
-    fresh = rundir.is_fresh(run_dir)  # a directory that held anything of its own is never removed
+    # a directory that held anything of its own is never removed; a sweep member's stays to show its failure
+    fresh = rundir.is_fresh(run_dir) and not _in_sweep()
     held = rundir.lock(run_dir)  # before anything is written: another process may own this directory
     try:
         rundir.write_hydra_record(run_dir, cfg)
@@ -63,8 +67,8 @@ def train(cfg: DictConfig) -> dict:
                 fresh = "removed"
             raise
         metrics = method.run(session)
-    except SIGTERMException:
-        rundir.write_status(run_dir, status="interrupted", error="SIGTERM; the last checkpoint was saved")
+    except SIGTERMException as err:  # fine-tuning's carries what it saved; the gated phase's is bare
+        rundir.write_status(run_dir, status="interrupted", error=str(err) or "SIGTERM; the last checkpoint was saved")
         raise SystemExit(128 + signal.SIGTERM) from None
     except BaseException as err:
         if run_dir.exists() and fresh != "removed":
@@ -75,6 +79,10 @@ def train(cfg: DictConfig) -> dict:
         rundir.unlock(held)
     rundir.write_status(run_dir, status="done")
     return metrics
+
+
+def _in_sweep() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def _finish_wandb_run() -> None:
@@ -100,6 +108,17 @@ def _check_ddp_launch(cfg: DictConfig) -> None:
         )
 
 
+def _export_config(node: DictConfig) -> ExportConfig:
+    """``export.*`` as an ``ExportConfig``; a config written before it had a ``_target_`` (a user's own
+    ``export/*.yaml``) still composes."""
+    if "_target_" in node:
+        return _instantiate(node)
+    try:
+        return ExportConfig(**OmegaConf.to_container(node, resolve=True))
+    except TypeError as err:  # an option ExportConfig does not take
+        raise ValueError(f"export: {err}") from None
+
+
 def _setup(cfg: DictConfig, run_dir: Path) -> tuple[Session, Method]:
     """Compose the run, the cheap checks first, so bad input fails before anything heavy runs."""
     _check_ddp_launch(cfg)
@@ -108,7 +127,7 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple[Session, Method]:
     generation = _instantiate(cfg.generation)
     test_generation = _instantiate(cfg.test_generation)
     method.check_schedule(cfg.trainer.get("max_steps"))
-    export = _instantiate(cfg.export)
+    export = _export_config(cfg.export)
     tuning = method.check_outputs(export, _instantiate(cfg.finetune), run_dir)
     checkpoint = checkpoints.resume_checkpoint(cfg.resume, run_dir)
     if method.needs_trained_model and checkpoint is None and cfg.model.get("name_or_path") is None:
@@ -138,6 +157,7 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple[Session, Method]:
                                       generation=generation, test_generation=test_generation)
     method.prepare(module, saved)
     del saved
+    datamodule.limit_positions(model)  # validation and test pairs longer than the model's positions are cut to them
     datamodule.setup("fit")  # tokenises, and refuses a training set that length filtering emptied
 
     loggers = [instantiate(c) for c in cfg.logger.values()]
@@ -146,7 +166,8 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple[Session, Method]:
         if isinstance(logger, ResumableCSVLogger):  # a run continued in its own directory keeps its earlier rows
             logger.resuming = resumed_here
     callbacks = [instantiate(c) for c in cfg.callbacks.values()]
-    trainer: L.Trainer = instantiate(cfg.trainer, logger=loggers, callbacks=callbacks)
+    # checkpoints written beside their target and renamed, never half a file (see AtomicCheckpointIO)
+    trainer: L.Trainer = instantiate(cfg.trainer, logger=loggers, callbacks=callbacks, plugins=[AtomicCheckpointIO()])
     method.check_trainer(trainer)
     return Session(cfg, run_dir, trainer, module, datamodule, checkpoint, tuning, export), method
 

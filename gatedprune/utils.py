@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
+
+from gatedprune.errors import NoSpaceLeft
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -17,18 +22,31 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename, so readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    atomic_write_with(path, lambda f: f.write(data))
+
+
+def atomic_write_with(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
+    """Call ``write`` on a temporary file beside ``path``, flush it to the disk, then rename it over ``path``.
+
+    Beside the target, so on its file system: the rename is atomic there, where a file staged in $TMPDIR would
+    be copied across (half of it, on a full disk). Readers see the old file or the new one; a failed write leaves
+    the old one as it was and nothing else. A full disk is ``NoSpaceLeft`` naming ``path``.
+    """
+    path, tmp = Path(path), None
     try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes the file private; a result file is as readable as any
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes the file private; a result file is as readable as any
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as err:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC and not isinstance(err, NoSpaceLeft):
+            raise NoSpaceLeft(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from err
         raise
 
 

@@ -9,7 +9,7 @@ import torch
 import transformers
 
 from families import tiny_model
-from helpers import ROOT, offline_env, run_train
+from helpers import offline_env, run_train
 
 
 
@@ -74,7 +74,15 @@ def test_bad_config_values(tmp_path, override, fragments):
 def test_ddp_in_a_local_multirun_is_refused(tmp_path):
     # Lightning starts DDP processes by re-running the command line: under -m each would re-run the sweep
     proc, _ = _run(tmp_path, "trainer=ddp_cpu", f"hydra.sweep.dir={tmp_path / 'sweep'}", flags=["-m"])
-    _assert_refused(proc, tmp_path / "sweep" / "0", "trainer.strategy=lightning.pytorch.strategies.DDPStrategy with -m")
+    assert proc.returncode == 2, proc.stderr[-3000:]  # every member refused as bad input: the sweep's exit is 2
+    errors = proc.stderr.strip().splitlines()
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert errors[0].startswith("error: 1 of 1 sweep members failed: 0 (")
+    assert "trainer.strategy=lightning.pytorch.strategies.DDPStrategy with -m" in errors[0]
+    # a sweep member keeps its directory, with its failure, for the sweep's summary to list (no checkpoint in it)
+    status = json.loads((tmp_path / "sweep" / "0" / "status.json").read_text())
+    assert status["status"] == "failed" and "DDPStrategy with -m" in status["error"]
+    assert not (tmp_path / "sweep" / "0" / "checkpoints").exists()
 
 
 def test_unknown_split_of_a_local_dataset(tmp_path):

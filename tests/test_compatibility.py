@@ -56,3 +56,34 @@ def test_an_old_run_resumes_and_its_export_is_evaluated(old_run, tmp_path):
     metrics = train(compose_train(tmp_path / "resumed", "experiment=smoke", *SHAPES, "trainer.max_steps=24",
                                   f"resume={old_run}"))
     assert metrics["steps"] == 24 and metrics["export"]["verification"]["passed"]
+
+
+def test_a_sweep_compares_settings_by_where_targets_live_now():
+    from gatedprune.reports.sweep import _canonical_targets
+
+    old = {"pruning": {"_target_": "gatedprune.methods.L0", "l0_lambda": 0.1},
+           "callbacks": [{"_target_": "gatedprune.callbacks.LastCheckpoint"}], "trainer": {"_target_": "lightning.Trainer"}}
+    assert _canonical_targets(old) == {
+        "pruning": {"_target_": "gatedprune.methods.gated.L0", "l0_lambda": 0.1},
+        "callbacks": [{"_target_": "gatedprune.training.callbacks.LastCheckpoint"}],
+        "trainer": {"_target_": "lightning.Trainer"}}
+
+
+def test_every_target_an_old_run_recorded_still_resolves():
+    from hydra.utils import get_object
+    from omegaconf import OmegaConf
+
+    def targets(node):
+        if isinstance(node, dict):
+            yield from ([node["_target_"]] if "_target_" in node else [])
+            for value in node.values():
+                yield from targets(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from targets(value)
+
+    recorded = OmegaConf.to_container(OmegaConf.load(OLD_RUN / ".hydra" / "config.yaml"), resolve=False)
+    found = sorted(set(targets(recorded)))
+    assert "gatedprune.lightning_module.GatedSeq2Seq" in found and len(found) >= 10
+    for target in found:
+        assert callable(get_object(target)), target

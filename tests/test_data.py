@@ -252,7 +252,7 @@ def test_hf_dataset_saved_to_disk_and_data_file_directory(tmp_path, bible_dm, bi
     saved.save_to_disk(tmp_path / "saved")
     splits = {"train": "train", "validation": "dev", "test": "test"}
     dm = HFData(hf_name=str(tmp_path / "saved"), splits=splits,
-                               tokenizer_path=bible_dm.tokenizer_dir)
+                               tokenizer_path=bible_dm.tokenizer_dir, max_length=200)
     dm.setup()
     assert dm.pairs["validation"] == bible_pairs[80:100] and len(dm.pairs["train"]) == 80
 

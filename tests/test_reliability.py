@@ -276,5 +276,5 @@ def test_bf16_mixed_run_keeps_float32_gates(tmp_path):
     cfg = compose_train(tmp_path, "experiment=smoke", "trainer.precision=bf16-mixed", "export.enabled=false")
     metrics = train(cfg)
     assert metrics["steps"] == 30 and metrics["skipped_steps"] == 0
-    state = torch.load(metrics["checkpoint"], map_location="cpu", weights_only=True)["state_dict"]
+    state = torch.load(tmp_path / metrics["checkpoint"], map_location="cpu", weights_only=True)["state_dict"]
     assert all(v.dtype == torch.float32 for k, v in state.items() if k.endswith("log_alpha"))

@@ -23,14 +23,20 @@ MAX_LINES = 400
 # the old module paths kept as thin aliases, and what each must still provide (README, configs runs recorded before,
 # the dotted commands)
 ALIASES = {
-    "gatedprune.analyze": ["analyze", "write_report"],
+    "gatedprune.adapters": ["attention_sites", "pin_layout", "probe"],
+    "gatedprune.analyze": ["analyze", "write_report", "heads_csv"],
     "gatedprune.baselines": ["AStar", "Michel", "Random"],
-    "gatedprune.evaluate": ["evaluate_dir", "GenerationConfig"],
+    "gatedprune.callbacks": ["DenseCheckpoint", "LastCheckpoint"],
+    "gatedprune.csv_logger": ["ResumableCSVLogger"],
+    "gatedprune.evaluate": ["evaluate_dir", "GenerationConfig", "score", "token_cross_entropy"],
+    "gatedprune.finetune": ["FineTuneConfig"],
     "gatedprune.export": ["export_checkpoint", "export_gated"],
     "gatedprune.lightning_module": ["GatedSeq2Seq", "OptimConfig"],
     "gatedprune.model_loading": ["load_model", "load_pruned"],
     "gatedprune.sweep": ["summarise"],
 }
+# gatedprune.surgery was a module: its names resolve from the package (looked up where they live now)
+SURGERY_NAMES = ["check_plan", "count_parameters", "load_pruned", "masked_heads", "prune_heads", "removed_parameters"]
 
 
 # ---- imports run one way ---------------------------------------------------------------------------------------
@@ -131,6 +137,12 @@ def test_only_entry_points_import_the_cli_and_no_module_imports_an_alias():
     assert importers == {}, f"modules importing an old path instead of its module: {importers}"
 
 
+def test_the_modeling_file_copied_into_exports_imports_nothing_of_the_package():
+    assert import_graph(PACKAGE)["gatedprune.surgery.pruned_modeling"] == set()
+    source = (PACKAGE / "surgery" / "pruned_modeling.py").read_text()
+    assert "gatedprune" not in "".join(line for line in source.splitlines() if line.lstrip().startswith(("import", "from")))
+
+
 def test_no_module_is_over_400_lines():
     long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}
@@ -146,13 +158,18 @@ def test_old_paths_and_the_readme_targets_resolve():
     # every full _target_ path the README's config table names
     table = ROOT.joinpath("README.md").read_text().split("## Config groups")[1].split("\n## ")[0]
     targets = set(re.findall(r"`(gatedprune(?:\.\w+)+\.[A-Z_a-z]\w*)`", table))
-    assert {"gatedprune.methods.L0", "gatedprune.model_loading.load_model", "gatedprune.baselines.Michel"} <= targets
+    assert {"gatedprune.methods.gated.L0", "gatedprune.training.module.GatedSeq2Seq"} <= targets
+    for old in ("gatedprune.methods.L0", "gatedprune.methods.L0Budget"):  # the old path, through the package
+        assert callable(get_object(old)), old
     for target in targets:
         assert callable(get_object(target)), target
+    for name in SURGERY_NAMES:
+        assert callable(get_object(f"gatedprune.surgery.{name}")), name
     import gatedprune
 
-    for name in gatedprune.__all__:
-        assert getattr(gatedprune, name) is not None
+    for name in gatedprune.__all__:  # each a function or class of the package itself (or its tuple of kinds)
+        value = getattr(gatedprune, name)
+        assert isinstance(value, tuple) or value.__module__.startswith("gatedprune."), name
     assert gatedprune.head_importance.__module__ == "gatedprune.methods.importance"
 
 
@@ -179,21 +196,22 @@ DOTTED = {
 def test_every_dotted_command_runs_its_command_or_refuses_in_one_line(tmp_path):
     modules = _command_modules()
     expected = {"gatedprune.cli", "gatedprune.train", *(f"gatedprune.{c}" for c in DOTTED),
-                "gatedprune.shipping.export", "gatedprune.reports.sweep", "gatedprune.reports.evaluate",
+                "gatedprune.reports.sweep", "gatedprune.reports.evaluate",
                 "gatedprune.reports.analysis"}
     assert set(modules) == expected, set(modules) ^ expected
     for module in sorted(set(modules) - {"gatedprune.__main__"}):
-        command = next((c for c in DOTTED if module.endswith(c) or module.endswith(c.replace("analyze", "analysis"))
-                        or module.endswith(c.replace("export", "shipping.export"))), None)
+        command = next((c for c in DOTTED if module.endswith(c) or module.endswith(c.replace("analyze", "analysis"))),
+                       None)
         args = DOTTED[command][0] if command else ["--version"]
         proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=tmp_path,
                               env=offline_env(), timeout=300)
-        if module == "gatedprune.cli":  # the entry points' module is no command
-            assert proc.returncode == 2 and "python -m gatedprune {train," in error_line(proc), proc.stderr
-        elif command is None:  # gatedprune.train
+        if command is None and module != "gatedprune.cli":  # gatedprune.train
             assert proc.returncode == 0 and proc.stdout.startswith("gatedprune "), (module, proc.stderr[-2000:])
-        else:
-            assert proc.returncode == 2 and DOTTED[command][1] in error_line(proc), (module, proc.stderr[-2000:])
+            continue
+        # refused in one line and nothing else on stderr (no warning of a module run twice, no progress bar)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (module, proc.stderr[-2000:])
+        expected_words = "python -m gatedprune {train," if module == "gatedprune.cli" else DOTTED[command][1]
+        assert expected_words in error_line(proc), (module, proc.stderr)
 
 
 # ---- defaults once ---------------------------------------------------------------------------------------------

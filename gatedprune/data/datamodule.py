@@ -57,6 +57,7 @@ class TranslationDataModule(lightning.LightningDataModule):
         max_tokens: int = 4096,
         max_length: int = 48,
         max_chars: int | None = None,  # pairs with a side longer than this many characters do not train
+        max_dropped_fraction: float = 0.5,  # more training pairs than this dropped by max_chars/max_length: refused
         eval_batch_size: int = 64,
         max_train_pairs: int | None = None,
         max_val_pairs: int | None = None,
@@ -71,6 +72,13 @@ class TranslationDataModule(lightning.LightningDataModule):
         super().__init__()
         if max_tokens < max_length:
             raise ValueError(f"max_tokens={max_tokens} must be at least max_length={max_length}")
+        fraction_ok = isinstance(max_dropped_fraction, (int, float)) and not isinstance(max_dropped_fraction, bool)
+        if not (fraction_ok and 0 <= max_dropped_fraction <= 1):  # nan fails the comparison too
+            shown = repr(max_dropped_fraction) if isinstance(max_dropped_fraction, str) else max_dropped_fraction
+            raise ValueError(f"data.max_dropped_fraction={shown}; allowed: a number from 0 to 1")
+        self.max_dropped_fraction = max_dropped_fraction
+        self.max_positions: int | None = None  # the model's (limit_positions): longer evaluation pairs are cut
+        self._train_read = (0, 0)  # (training pairs looked at, dropped for max_chars): load_pairs counts them
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
         self.tokenizer_path, self.vocab_size, self.tokenizer_dir = tokenizer_path, vocab_size, tokenizer_dir
         self.max_tokens, self.max_length, self.max_chars = max_tokens, max_length, max_chars
@@ -101,8 +109,17 @@ class TranslationDataModule(lightning.LightningDataModule):
         pairs = self.read_splits()
         for split, split_pairs in pairs.items():
             pairs[split] = drop_empty_pairs(split_pairs, f"split {split!r}")
-        if self.max_chars is not None and "train" in pairs:
-            pairs["train"] = [p for p in pairs["train"] if max(map(len, p)) <= self.max_chars]
+        if "train" in pairs:
+            train, cap = pairs["train"], self.max_train_pairs
+            keep = [i for i, p in enumerate(train) if self.max_chars is None or max(map(len, p)) <= self.max_chars]
+            if len(keep) < len(train):
+                print(f"split 'train': dropped {len(train) - len(keep)} of {len(train)} pairs with a side longer than "
+                      f"data.max_chars={self.max_chars} characters")
+            # the cap below keeps the first pairs that pass: the fraction dropped is of those read up to the last one
+            used = len(keep) if cap is None else min(cap, len(keep))
+            looked_at = keep[used - 1] + 1 if 0 < used < len(keep) else len(train)
+            self._train_read = (looked_at, looked_at - used)
+            pairs["train"] = [train[i] for i in keep]
         for split, limit in (("train", self.max_train_pairs), ("validation", self.max_val_pairs),
                              ("test", self.max_test_pairs)):
             if split in pairs:
@@ -137,13 +154,47 @@ class TranslationDataModule(lightning.LightningDataModule):
         set_language_codes(self.tokenizer, **self.lang_codes)
         return self.tokenizer
 
-    def _tokenize(self, pairs: list[Pair]) -> tuple[list[list[int]], list[list[int]]]:
+    def _tokenize(self, pairs: list[Pair], max_length: int | None = None) -> tuple[list[list[int]], list[list[int]]]:
         src_texts, tgt_texts = (list(side) for side in zip(*pairs))
         src_texts = [self.source_prefix + text for text in src_texts]
-        return self.tokenizer(src_texts)["input_ids"], self.tokenizer(text_target=tgt_texts)["input_ids"]
+        cut = {"truncation": True, "max_length": max_length} if max_length else {}  # keeps the end-of-sequence
+        return self.tokenizer(src_texts, **cut)["input_ids"], self.tokenizer(text_target=tgt_texts, **cut)["input_ids"]
+
+    def limit_positions(self, model) -> None:
+        """Evaluation pairs longer than ``model``'s positions (``max_position_embeddings``) are cut to them in
+        ``setup``; call it first. A model without the limit (T5's relative positions) cuts nothing."""
+        self.max_positions = getattr(model.config, "max_position_embeddings", None)
+
+    def _check_dropped(self, tokenized: int, kept: int, refuse: bool) -> None:
+        """Say how many training pairs max_length dropped; refuse (``refuse``: to train) when, with those max_chars
+        dropped, more than ``max_dropped_fraction`` of the pairs read is gone: a training set so cut is a mistake."""
+        if kept < tokenized:
+            print(f"split 'train': dropped {tokenized - kept} of {tokenized} pairs longer than "
+                  f"data.max_length={self.max_length} tokens")
+        looked_at, dropped = self._train_read
+        looked_at, dropped = max(looked_at, tokenized), dropped + tokenized - kept
+        if refuse and dropped > self.max_dropped_fraction * looked_at:
+            chars = f" or data.max_chars={self.max_chars} characters" if self.max_chars is not None else ""
+            raise ValueError(
+                f"{dropped} of {looked_at} training pairs are longer than data.max_length={self.max_length} tokens"
+                f"{chars} ({dropped / looked_at:.0%} > data.max_dropped_fraction={self.max_dropped_fraction}); "
+                f"allowed: at most that fraction dropped: raise data.max_length{chars and ' or data.max_chars'}, "
+                "or data.max_dropped_fraction (up to 1)"
+            )
+
+    def _cut_to_positions(self, split: str, pairs: list[Pair], src_ids: list, tgt_ids: list) -> None:
+        """Re-tokenise the pairs of an evaluation split longer than the model's positions, cut to them (in place);
+        their texts stay whole: the reference is what the data says."""
+        limit = self.max_positions
+        long = [i for i in range(len(pairs)) if max(len(src_ids[i]), len(tgt_ids[i])) > limit] if limit else []
+        if long:
+            for i, src, tgt in zip(long, *self._tokenize([pairs[i] for i in long], max_length=limit)):
+                src_ids[i], tgt_ids[i] = src, tgt
+            print(f"split {split!r}: cut {len(long)} of {len(pairs)} pairs to the model's {limit} positions "
+                  "(sources and targets truncated)")
 
     def setup(self, stage: str | None = None) -> None:
-        """Tokenise every split, drop over-long training pairs, and fix the batches."""
+        """Tokenise every split, drop over-long training pairs, cut over-long evaluation pairs, fix the batches."""
         if self.datasets is not None:
             return
         self.prepare_tokenizer()
@@ -156,10 +207,12 @@ class TranslationDataModule(lightning.LightningDataModule):
                     raise ValueError(
                         f"all {len(pairs)} training pairs are longer than max_length={self.max_length} tokens"
                     )
+                self._check_dropped(len(pairs), len(keep), refuse=stage != "test")  # evaluation does not train
                 pairs, src_ids, tgt_ids = ([seq[i] for i in keep] for seq in (pairs, src_ids, tgt_ids))
                 lengths = [max(len(s), len(t)) for s, t in zip(src_ids, tgt_ids)]
                 self.batches[split] = token_budget_batches(lengths, self.max_tokens)
             else:
+                self._cut_to_positions(split, pairs, src_ids, tgt_ids)
                 order = sorted(range(len(pairs)), key=lambda i: len(src_ids[i]))
                 size = self.eval_batch_size
                 self.batches[split] = [order[i : i + size] for i in range(0, len(order), size)]

@@ -42,6 +42,14 @@ def _read_text(path: Path) -> str:
         raise ValueError(f"{path}:{line}: not valid UTF-8 (byte {data[err.start]:#04x}); allowed: UTF-8 text") from None
 
 
+def _lines(path: Path) -> list[str]:
+    """The file's lines, split on "\\n" only (str.splitlines also breaks on U+2028, U+0085 and form feed, which
+    are text inside a field), a trailing "\\r" and a UTF-8 byte-order mark (which would hide a TSV header) removed."""
+    text = _read_text(path).removeprefix("\ufeff")
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    return lines[:-1] if lines and not lines[-1] else lines  # the last line's newline ends it, it starts no new one
+
+
 def is_header(fields: list[str], src_key: str, tgt_key: str) -> bool:
     """True when a TSV's first line names its columns (``en<TAB>fr``, ``source<TAB>target``) rather than a pair."""
     names = {field.strip().lower() for field in fields}
@@ -61,7 +69,7 @@ def read_pairs_file(path: str | Path, src_key: str, tgt_key: str, header: bool |
         raise ValueError(f"data file not found: {str(path)!r}")
     if path.suffix == ".tsv":
         rows = []
-        for number, line in enumerate(_read_text(path).splitlines(), start=1):
+        for number, line in enumerate(_lines(path), start=1):
             fields = line.split("\t")
             if len(fields) != 2:
                 raise ValueError(f"{path}:{number}: expected 2 tab-separated fields, found {len(fields)}")
@@ -72,7 +80,7 @@ def read_pairs_file(path: str | Path, src_key: str, tgt_key: str, header: bool |
         return rows
     if path.suffix == ".jsonl":
         rows = []
-        for number, line in enumerate(_read_text(path).splitlines(), start=1):
+        for number, line in enumerate(_lines(path), start=1):
             if not line.strip():
                 continue
             try:

@@ -2,8 +2,8 @@
 
 ``train.py`` composes the run and calls the method's hooks in this order; it never asks which method it holds:
 
-1. ``check_schedule(trainer.max_steps)`` and ``check_outputs(export, finetune, run_dir)``: settings the method
-   cannot work with are refused before anything heavy runs;
+1. ``check_schedule(trainer.max_steps)`` and ``check_outputs(export, finetune, run_dir)`` (which asks
+   ``check_export``): settings the method cannot work with are refused before anything heavy runs;
 2. ``needs_trained_model``: a method that scores a trained model is refused without one;
 3. ``check_checkpoint(path, saved)`` and ``checkpoint_kinds(saved)``: what of a checkpoint it accepts;
 4. ``gating()``: the gates the Lightning module is built with (``GatedPruning`` settings);
@@ -57,11 +57,15 @@ class Method:
         if tuning.distill and not self.distill.on:
             raise ValueError("finetune.distill=true needs a teacher: set pruning.distill.alpha or pruning.distill.hidden "
                              "> 0 (it is kept only then)")
+        self.check_export(export)
         if tuning.steps and not export.enabled:  # fine-tuning is on by default; an unexported run has no model
             print(f"note: export.enabled=false: nothing is exported, so nothing is fine-tuned (finetune.steps="
                   f"{tuning.steps} does not apply)")
             tuning = dataclasses.replace(tuning, steps=0)
         return tuning
+
+    def check_export(self, export) -> None:
+        """Refuse export settings the method cannot ship with (called by ``check_outputs``)."""
 
     def check_checkpoint(self, path: Path, saved: dict) -> None:
         """Refuse a checkpoint (loaded as ``saved``) the method cannot start from."""

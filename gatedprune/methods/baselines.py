@@ -57,7 +57,13 @@ def head_counts(spec, total: int, name: str) -> list[int]:
     values = list(spec) if isinstance(spec, (list, tuple)) else [spec]
     if not values:
         raise ValueError(f"{name}=[]; allowed: one or more head counts from 0 to {total} or fractions in (0, 1)")
-    return sorted({head_count(value, total, f"{name}={value!r}") for value in values}, reverse=True)
+    counts = [head_count(value, total, f"{name}={value!r}") for value in values]
+    for i, count in enumerate(counts):  # a level asked for twice is a typo more often than not: never merged quietly
+        if count in counts[:i]:
+            first = values[counts.index(count)]
+            both = "" if first == values[i] else f" ({first!r} and {values[i]!r} of the {total} gated heads)"
+            raise ValueError(f"{name}={values} names {count} heads twice{both}; allowed: distinct head counts")
+    return sorted(counts, reverse=True)
 
 
 @dataclass
@@ -77,11 +83,10 @@ class PlanMethod(Method):
             raise ValueError(f"pruning.eval_pairs={self.eval_pairs}; allowed: an integer >= 1")
 
     # ---- the run (gatedprune.methods.base.Method) ------------------------------------------------------------------
-    def check_outputs(self, export, tuning, run_dir: Path):
+    def check_export(self, export) -> None:
         if not export.enabled:
             raise ValueError(f"pruning={self.name} with export.enabled=false; allowed: export.enabled=true (its "
                              "levels are exported to <run>/levels/<heads>_heads)")
-        return super().check_outputs(export, tuning, run_dir)
 
     def check_checkpoint(self, path: Path, saved: dict) -> None:
         from gatedprune.methods.plan_run import check_dense

@@ -70,7 +70,8 @@ class GatedPruning(Method):
     # ---- the run (gatedprune.methods.base.Method) ------------------------------------------------------------------
     def check_outputs(self, export, tuning, run_dir: Path):
         tuning = super().check_outputs(export, tuning, run_dir)
-        if export.enabled:
+        if export.enabled:  # the other methods export into <run>/levels, by their own rule
+            export.check_rule()
             check_out_dir(Path(export.out_dir), protected=[run_dir])
             if tuning.steps:
                 check_out_dir(Path(tuning.out_dir), protected=[run_dir, Path(export.out_dir)])
@@ -203,6 +204,12 @@ class L0Budget(GatedPruning):
     target_heads: int | float | dict = 0.5
     target_warmup_steps: int = 100  # gated steps over which the target ramps from all heads to its value
     lagrangian_lr: float = 0.05
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.target_warmup_steps < 0:  # a negative ramp would act as none without a word
+            raise ValueError(f"pruning.target_warmup_steps={self.target_warmup_steps} is negative; allowed: an "
+                             "integer >= 0")
 
     def build(self, gates: HeadGates) -> HeadBudget:
         return HeadBudget(gates, resolve_targets(self.target_heads, gates), self.target_warmup_steps)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import time
 
+from gatedprune.errors import RunFailed
 from gatedprune.reports.metrics import final_table, run_metrics
-from gatedprune.shipping.finalise import finalise
+from gatedprune.shipping.finalise import UNTUNED, finalise, tuning_error
 from gatedprune.training.session import Session
 from gatedprune.utils import atomic_write_text, write_json
 
@@ -35,13 +36,23 @@ def fit_and_ship(method, session: Session) -> dict:
         run_dir / "val_pairs.jsonl", "".join(json.dumps({"source": s, "target": t}) + "\n" for s, t in val_pairs)
     )
     cfg = session.cfg
-    report = dict(seed=cfg.seed, checkpoint=str(run_dir / "checkpoints" / "last.ckpt"), head_budget=cfg.get("head_budget"))
+    # the checkpoint relative to the run directory: a copy of the run then names its own file, not this one
+    report = dict(seed=cfg.seed, checkpoint="checkpoints/last.ckpt", head_budget=cfg.get("head_budget"))
     # the gated model's numbers, kept if the export fails; replaced by the shipped model's when it succeeds
     interim = {"note": "the gated model before export; the test split is scored after the export (see status.json)"}
     write_json(run_dir / "metrics.json", run_metrics(module, trainer, final, **report, test=interim))
     shipped = finalise(session, val_pairs)
+    failed = shipped["finetuned"] if tuning_error(shipped) else None
+    if failed:  # the fine-tune diverged: the export as verified is what the run ships, and metrics.json says so
+        shipped["finetuned"] = None
     metrics = run_metrics(module, trainer, final, **report, **shipped)
     metrics["seconds"] = {**seconds, "run": time.perf_counter() - start}
+    table = final_table(metrics)  # of the models there are: no fine-tuned one if it failed
+    if failed:
+        metrics.update(model=UNTUNED, finetune=failed)
     write_json(run_dir / "metrics.json", metrics)
-    print(final_table(metrics))
+    print(table)
+    if failed:
+        raise RunFailed(f"{failed['error']}; shipped {metrics['export']['dir']} as exported and verified (metrics.json "
+                        "describes it), no fine-tuned model was written")
     return metrics

@@ -19,11 +19,12 @@ import torch
 
 from gatedprune.training.checkpoints import strip_prefix
 from gatedprune.reports.scoring import corpus_scores, generate, token_cross_entropy
-from gatedprune.shipping.finalise import headline, ship
+from gatedprune.errors import RunFailed
+from gatedprune.shipping.finalise import UNTUNED, headline, ship, tuning_error
 from gatedprune.methods.importance import head_importance
 from gatedprune.training.module import GatedSeq2Seq
 from gatedprune.training.session import Session
-from gatedprune.reports.metrics import export_plan, heads_in_model, heads_kept
+from gatedprune.reports.metrics import checkpoint_record, export_plan, heads_in_model, heads_kept
 from gatedprune.versions import versions
 from gatedprune.utils import format_table, write_json
 
@@ -140,7 +141,7 @@ def run(session: Session, method: PlanMethod) -> dict:
 
     val_pairs = datamodule.pairs["validation"][: session.export.samples]
     common = dict(method=method.label(), settings=method.describe(), dense=dense, seconds=seconds,
-                  evaluations=probe.evaluations, seed=cfg.seed, checkpoint=str(checkpoint) if checkpoint else None,
+                  evaluations=probe.evaluations, seed=cfg.seed, checkpoint=checkpoint_record(checkpoint, run_dir),
                   params_before=sum(p.numel() for p in model.parameters()))
     exported = {}
     for level in chosen:
@@ -160,14 +161,28 @@ def run(session: Session, method: PlanMethod) -> dict:
     def test_bleu(heads: int, which: str) -> float | None:
         return ((exported[heads]["test"] if heads in exported else {}).get(which) or {}).get("bleu")
 
+    def tuning_failed(heads: int) -> str | None:  # the level's fine-tune diverged: its export is what it ships
+        return ((exported.get(heads) or {}).get("finetune") or {}).get("error")
+
+    def tuned(heads: int) -> bool:
+        return bool(tuning.steps) and not tuning_failed(heads)
+
     # test BLEU of the export as verified, and of the fine-tuned model where there is one
     summary = [{"heads": level.heads, **level.info, "exported": level.heads in exported,
-                "test_bleu": test_bleu(level.heads, "pruned_before_finetune" if tuning.steps else "pruned"),
-                "test_bleu_finetuned": test_bleu(level.heads, "pruned") if tuning.steps else None}
+                "test_bleu": test_bleu(level.heads, "pruned_before_finetune" if tuned(level.heads) else "pruned"),
+                "test_bleu_finetuned": test_bleu(level.heads, "pruned") if tuned(level.heads) else None,
+                **({"finetune_error": tuning_failed(level.heads)} if tuning_failed(level.heads) else {})}
                for level in levels]
     metrics = {**exported[chosen[-1].heads], "levels": summary}
     write_json(run_dir / "metrics.json", metrics)
     print(levels_table(metrics))
+    failed = [heads for heads in exported if tuning_failed(heads)]
+    if failed:  # every level was shipped (the failed ones as exported and verified); the run still failed
+        raise RunFailed(
+            f"fine-tuning failed at {len(failed)} of {len(exported)} levels ({', '.join(f'{h} heads' for h in failed)}): "
+            f"{tuning_failed(failed[0])}; each ships its export as verified (its metrics.json says so)"
+            + ("; the other levels were fine-tuned" if len(failed) < len(exported) else "")
+        )
     return metrics
 
 
@@ -178,6 +193,8 @@ def level_metrics(level: Level, shipped: dict, ship_seconds: float, *, method: s
     export, exported, finetuned = shipped["export"], shipped["exported"], shipped["finetuned"]
     totals = heads_in_model(export)
     name = f"exported, fine-tuned {finetuned['steps']} steps ({finetuned['dir']})" if finetuned else "exported"
+    if tuning_error(shipped):
+        name = UNTUNED
     test = {**({"dense": dense["test"]} if dense["test"] else {}), **shipped["test"]}
     return {
         "method": method, "model": name,

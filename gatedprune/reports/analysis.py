@@ -26,7 +26,7 @@ from gatedprune.structures.adapters import AttentionSite, attention_sites
 from gatedprune.errors import RunFailed
 from gatedprune.data import SPLITS, collate_pairs
 from gatedprune.reports.scoring import cross_entropy, teacher_forced_inputs
-from gatedprune.reports.evaluate import split_data, train_config
+from gatedprune.reports.evaluate import run_of, split_data, train_config
 from gatedprune.structures.masking import masked_heads
 from gatedprune.surgery.cut import plan_record
 
@@ -289,10 +289,17 @@ def analyze(path: str | Path, split: str = "validation", max_pairs: int = DEFAUL
         raise ValueError(f"--split {split!r}; allowed: {', '.join(SPLITS)}")
     if not any((path / p).is_file() for p in ("checkpoints/last.ckpt", "config.json")):
         raise _not_analysable(path)
+    if run_of(path) is None and not overrides:  # the trainer's default data would be a guess, never said
+        raise ValueError(f"{path} lies outside any run, so its data is not recorded; allowed: the data to analyse on "
+                         "as overrides, e.g. data=files data.files.validation=dev.tsv (data.files.train=train.tsv "
+                         "for to_rarest), or data=bible for the built-in Bible pairs")
     cfg = train_config(path, overrides)
     subject = load_subject(path, cfg)
     model = subject.model
-    data = split_data(cfg, subject.tokenizer_path, split)
+    if not any(heads_of(model, attention_sites(model)).values()):  # a report's rows are heads: it would have none
+        raise ValueError(f"{path} has no attention heads left (every one was pruned): nothing to analyse; allowed: "
+                         "a model with at least one head (gatedprune-evaluate scores this one)")
+    data = split_data(cfg, subject.tokenizer_path, split, model)  # over-long pairs cut to its positions
     tokenizer = data.tokenizer
     use_eager_attention(model)
     batches = analysis_batches(data, split, max_pairs)

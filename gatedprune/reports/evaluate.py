@@ -89,14 +89,16 @@ def train_config(model_dir: str | Path, overrides: Sequence[str] = ()):
     return cfg
 
 
-def split_data(cfg, tokenizer_path: str | Path, split: str):
+def split_data(cfg, tokenizer_path: str | Path, split: str, model=None):
     """The data module of ``cfg.data``, set up with the tokenizer at ``tokenizer_path``; it must have ``split`` (the
-    source's other splits come along where it has them)."""
+    source's other splits come along where it has them). Pairs longer than ``model``'s positions are cut to them."""
     from hydra.utils import instantiate
 
     if split not in ("train", "validation", "test"):
         raise ValueError(f"--split {split!r}; allowed: train, validation, test")
     data = instantiate(cfg.data, tokenizer_path=str(tokenizer_path), required_splits=[split], _convert_="all")
+    if model is not None:
+        data.limit_positions(model)
     data.setup("test")
     if split not in data.datasets:
         raise ValueError(f"data source {data.source!r} has no {split!r} split; give one (e.g. data.files.{split}=...)")
@@ -113,15 +115,19 @@ def evaluate_dir(model_dir: str | Path, split: str = "test", overrides: Sequence
     """
     from hydra.utils import instantiate
 
+    # refused here, before any data or model loads: 0 used to fall back to the default without a word
+    for option, value in (("--num-beams", num_beams), ("--batch-size", batch_size)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{option} {value}; allowed: an integer >= 1 (or leave it out for the default)")
     cfg = train_config(model_dir, overrides)
     gen = instantiate(cfg.test_generation, _convert_="all")
     if num_beams is not None or batch_size is not None:
-        gen = GenerationConfig(**{**asdict(gen), **({"num_beams": num_beams} if num_beams else {}),
-                                  **({"batch_size": batch_size} if batch_size else {})})
+        gen = GenerationConfig(**{**asdict(gen), **({"num_beams": num_beams} if num_beams is not None else {}),
+                                  **({"batch_size": batch_size} if batch_size is not None else {})})
     if split not in ("train", "validation", "test"):
         raise ValueError(f"--split {split!r}; allowed: train, validation, test")
     model = load_seq2seq(model_dir)
-    data = split_data(cfg, model_dir, split)  # the model's own tokenizer
+    data = split_data(cfg, model_dir, split, model)  # the model's own tokenizer
     result = score(model, data.tokenizer, data.loader(split, gen.batch_size, shard=False), gen)
     return {"model": str(model_dir), "split": split, "data": data.describe(), **result}
 

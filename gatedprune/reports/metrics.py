@@ -9,6 +9,7 @@ run started from) beside that of the final model, decoded the same way.
 
 from __future__ import annotations
 
+from pathlib import Path
 
 import lightning as L
 
@@ -42,6 +43,16 @@ def export_plan(export_report: dict) -> dict[str, list[int]]:
     return {path: kept for per_kind in export_report["plan"].values() for path, kept in per_kind.items()}
 
 
+def checkpoint_record(checkpoint: str | Path | None, run_dir: str | Path) -> str | None:
+    """How ``metrics.json`` names a checkpoint: relative to the run directory when it lies inside it, so that a copy
+    of the run names its own file (``gatedprune-export`` reads nothing outside the run it is given); absolute when it
+    is another run's (the model a baseline pruned)."""
+    if not checkpoint:  # a baseline of a pretrained model: no checkpoint
+        return None
+    path, run = Path(checkpoint).resolve(), Path(run_dir).resolve()
+    return path.relative_to(run).as_posix() if run in path.parents else str(path)
+
+
 def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoint: str, head_budget: int | None,
                 export: dict | None = None, exported: dict | None = None, test: dict | None = None,
                 finetuned: dict | None = None) -> dict:
@@ -49,7 +60,7 @@ def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoin
 
     ``final``: the gated model's last validation (Lightning's logged values); ``export``: the exporter's report;
     ``exported``: the exported model's validation score (after fine-tuning, if ``finetuned`` says it was fine-tuned);
-    ``test``: ``{"dense": score, "pruned" | "gated": score}``.
+    ``test``: ``{"dense": score, "pruned" | "gated": score}``; ``checkpoint``: as ``checkpoint_record`` names it.
     """
     pruning, gates = module.pruning, module.gates
     gated = module.gates_trained  # False for a run that ended before pruning.start_step: a dense baseline
@@ -149,7 +160,9 @@ def final_table(metrics: dict) -> str:
     else:
         decoding = next(iter(test.values()))["decoding"]
         notes.append(f"test decoding: {decoding['num_beams']} beam(s), at most {decoding['max_new_tokens']} new tokens")
-    notes += [f"checkpoint: {metrics['checkpoint']}", f"sacreBLEU: {metrics['sacrebleu_signature']['bleu']}"]
+    checkpoint = metrics["checkpoint"]  # relative: to the run directory (absolute in runs written before)
+    where = "" if checkpoint is None or Path(checkpoint).is_absolute() else " (in the run directory)"
+    notes += [f"checkpoint: {checkpoint}{where}", f"sacreBLEU: {metrics['sacrebleu_signature']['bleu']}"]
     if "export" in metrics:
         check = metrics["export"]["verification"]
         notes.append(f"pruned model: {metrics['export']['dir']} (max |logit diff| vs gated "

@@ -11,7 +11,6 @@ import io
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from statistics import mean, stdev
 
@@ -20,9 +19,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
+from hydra.utils import get_object  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from gatedprune.utils import atomic_write_text, markdown_table  # noqa: E402
+from gatedprune.utils import atomic_write_text, atomic_write_with, markdown_table  # noqa: E402
 
 KINDS = ("encoder", "decoder", "cross")
 # what status.json says (train.py writes running, done, interrupted or failed), "unknown" when neither file is there
@@ -281,14 +281,8 @@ def plot_pareto(rows: list[dict], path: Path, title: str = "") -> dict[str, str]
         ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
     try:
-        fig.savefig(tmp, format="png", dpi=120)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        atomic_write_with(path, lambda f: fig.savefig(f, format="png", dpi=120))  # beside it, flushed, renamed
     finally:
         plt.close(fig)
     return {method: f"C{i}" for i, method in enumerate(methods)}
@@ -316,8 +310,26 @@ def _settings(run_dir: Path) -> str | None:
     config = run_dir / ".hydra" / "config.yaml"
     if not config.is_file():
         return None
-    settings = OmegaConf.to_container(OmegaConf.load(config), resolve=False)
+    settings = _canonical_targets(OmegaConf.to_container(OmegaConf.load(config), resolve=False))
     return json.dumps({k: v for k, v in settings.items() if k not in _NOT_SETTINGS}, sort_keys=True, default=str)
+
+
+def _canonical_targets(node):
+    """``node`` with every ``_target_`` named where its object lives now: a run recorded before the package had
+    subfolders (``gatedprune.methods.L0``) has the settings of one recorded after (``gatedprune.methods.gated.L0``)."""
+    if isinstance(node, list):
+        return [_canonical_targets(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    node = {k: _canonical_targets(v) for k, v in node.items()}
+    target = node.get("_target_")
+    if isinstance(target, str) and target.startswith("gatedprune."):
+        try:
+            found = get_object(target)
+            node["_target_"] = f"{found.__module__}.{found.__qualname__}"
+        except Exception:  # gone for good: compared as written
+            pass
+    return node
 
 
 def _final_test(metrics: dict) -> dict:

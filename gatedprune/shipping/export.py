@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
@@ -20,6 +19,7 @@ import transformers
 from torch import nn
 
 from gatedprune.shipping import export_dir
+from gatedprune.shipping.export_inputs import check_device, file_record, find_run_files, read_pairs
 from gatedprune.training.checkpoints import load_gated_checkpoint
 from gatedprune.errors import RunFailed
 from gatedprune.shipping.export_dir import MODELING_FILE, REPORT_FILE, check_out_dir, save_pruned  # noqa: F401  (API)
@@ -48,6 +48,9 @@ class ExportConfig:
 
     def __post_init__(self) -> None:
         check_numbers("export", self)
+
+    def check_rule(self) -> None:
+        """``rule`` and ``top_k`` fit together (the gated methods' export; the others keep their own levels)."""
         if self.rule not in RULES:
             raise ValueError(f"export.rule={self.rule!r}; allowed: {', '.join(RULES)}")
         if (self.rule == "top-k") != (self.top_k is not None):
@@ -160,6 +163,7 @@ def export_gated(
     *,
     max_new_tokens: int = 20,
     device: torch.device | str | None = "cpu",
+    checkpoint: dict | None = None,
 ) -> dict:
     """Prune a copy of the gated ``model`` by the gate rule, verify it, and write the export directory.
 
@@ -169,6 +173,7 @@ def export_gated(
     in-memory pruned model's logits, and the parameter count down by exactly the removed heads' parameters.
     Raises ``ExportError`` with the numbers (and writes nothing) if any check fails; returns the report.
     ``device`` runs the verification (None: the model's device); the exported weights are the same either way.
+    ``checkpoint``: the file the gated model was read from (``file_record``), kept in the report.
     """
     out_dir = Path(out_dir)
     export_dir.check_target(out_dir, overwrite)  # fail before the expensive part
@@ -234,7 +239,7 @@ def export_gated(
         )
         report = {
             **export_dir.describe(work, stage, size_before), "unconverged_gates": unconverged, "decided_by_rule": decided,
-            "verification": check,
+            "verification": check, **({"checkpoint": checkpoint} if checkpoint else {}),
         }
         log.info("%s", _verification_summary(report))
         if not check["passed"]:
@@ -265,48 +270,6 @@ def _verification_summary(report: dict) -> str:
 # --- from a training run -------------------------------------------------------------------------------------
 
 
-def _find_run_files(source: Path) -> tuple[Path, Path | None]:
-    """(checkpoint, run dir) of a run directory or of a checkpoint path inside one."""
-    if not source.is_dir():
-        if not source.is_file():
-            raise FileNotFoundError(f"no run directory or checkpoint at {source}")
-        run_dir = next((d for d in source.parents if (d / "metrics.json").exists()), None)
-        return source, run_dir
-    metrics = source / "metrics.json"
-    if not metrics.is_file():  # a run still going, or one that stopped: its last checkpoint
-        if (source / "checkpoints" / "last.ckpt").is_file():
-            return source / "checkpoints" / "last.ckpt", source
-        raise FileNotFoundError(
-            f"{source} holds neither metrics.json nor checkpoints/last.ckpt; give a run directory or a .ckpt file"
-        )
-    try:
-        recorded = Path(json.loads(metrics.read_text())["checkpoint"])
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise ValueError(f"{metrics} is not a metrics.json written by train.py (no checkpoint named)") from None
-    # as recorded (absolute, or relative to where training ran), relative to the run, or moved along with the run
-    candidates = [recorded, source / recorded, source / "checkpoints" / recorded.name]
-    checkpoint = next((c for c in candidates if c.is_file()), None)
-    if checkpoint is None:
-        raise FileNotFoundError(f"the checkpoint of {source} is not at any of {[str(c) for c in candidates]}")
-    return checkpoint, source
-
-
-def read_pairs(path: Path, limit: int) -> list[tuple[str, str]]:
-    """The first ``limit`` (source, target) pairs of a JSON-lines file with "source" and "target" fields."""
-    pairs = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                    pairs.append((str(row["source"]), str(row["target"])))
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    raise ValueError(f"{path}:{number}: expected a JSON object with source and target") from None
-            if len(pairs) == limit:
-                break
-    return pairs
-
-
 def export_checkpoint(
     source: str | Path,
     out_dir: str | Path,
@@ -320,9 +283,15 @@ def export_checkpoint(
     device: str | None = "cpu",
 ) -> dict:
     """``export_gated`` for a run directory or a Lightning checkpoint; tokenizer and val_pairs.jsonl from the run."""
-    checkpoint, run_dir = _find_run_files(Path(source))
-    check_out_dir(Path(out_dir), protected=[checkpoint, *([run_dir] if run_dir else [])])
+    check_device(device)
+    for name, value in (("samples", samples), ("max-new-tokens", max_new_tokens)):
+        if value < 1:  # 0 or fewer would verify on nothing (or on every pair: read_pairs takes -1 as no limit)
+            raise ValueError(f"--{name}={value} is below 1; allowed: a whole number >= 1")
+    checkpoint, run_dir = find_run_files(Path(source))
+    check_out_dir(Path(out_dir), protected=[checkpoint, *([run_dir] if run_dir else [])], run_dir=run_dir)
     model, gates = load_gated_checkpoint(checkpoint)
+    read = file_record(checkpoint)
+    log.info("read checkpoint %s (sha256 %s)", checkpoint, read["sha256"])
     tokenizer = None
     if run_dir is not None and (run_dir / "tokenizer").is_dir():
         tokenizer = transformers.AutoTokenizer.from_pretrained(run_dir / "tokenizer")
@@ -333,13 +302,5 @@ def export_checkpoint(
     pairs = read_pairs(Path(val_pairs), samples) if val_pairs is not None and tokenizer is not None else None
     return export_gated(
         model, gates, out_dir, tokenizer, rule=rule, top_k=top_k, sample_inputs=pairs, overwrite=overwrite,
-        max_new_tokens=max_new_tokens, device=device,
+        max_new_tokens=max_new_tokens, device=device, checkpoint=read,
     )
-
-
-if __name__ == "__main__":  # python -m gatedprune.shipping.export (the command's own module): the command, as documented
-    import sys
-
-    from gatedprune.cli import export_command
-
-    sys.exit(export_command())

@@ -8,6 +8,7 @@ into place at the end, so an interrupted or failed export leaves no partial outp
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ from pathlib import Path
 import transformers
 from torch import nn
 
+from gatedprune.errors import RunFailed
 from gatedprune.surgery import pruned_modeling
 from gatedprune.structures.adapters import ATTENTION_KINDS, attention_sites
 from gatedprune.versions import versions
@@ -42,13 +44,18 @@ def check_target(out_dir: Path, overwrite: bool) -> None:
         raise FileExistsError(f"{out_dir} exists and is not empty; pass overwrite=True (--overwrite) to replace it")
 
 
-def check_out_dir(out_dir: Path, protected: Sequence[Path] = ()) -> None:
+def check_out_dir(out_dir: Path, protected: Sequence[Path] = (), run_dir: Path | None = None) -> None:
     """Refuse an output directory whose replacement would destroy a source: one of ``protected`` (a run directory or
-    checkpoint) or a directory holding one, or a place inside a ``checkpoints/`` folder."""
+    checkpoint) or a directory holding one, or a place inside a ``checkpoints/`` folder. With ``run_dir`` (the run
+    exported from), anything that exists inside it is refused too, ``--overwrite`` or not: its ``tokenizer/``,
+    ``pruned/`` and the rest are what the run is; a new folder inside it is fine."""
     out = out_dir.resolve()
     for source in map(lambda p: Path(p).resolve(), protected):
         if out == source or out in source.parents:
             raise ValueError(f"output directory {out_dir} is or contains the source {source}; choose another one")
+    if run_dir is not None and out_dir.exists() and Path(run_dir).resolve() in out.parents:
+        raise ValueError(f"output directory {out_dir} is a part of the source run {run_dir} (it exists), which an "
+                         "export never replaces, --overwrite or not; allowed: a new folder, in the run or elsewhere")
     for folder in (out, *out.parents):
         if folder.name == "checkpoints" and any(folder.glob("*.ckpt")):
             raise ValueError(f"output directory {out_dir} lies inside the run's checkpoints/ {folder}; choose another one")
@@ -89,10 +96,10 @@ def staged(out_dir: Path, overwrite: bool) -> Iterator[Path]:
     The hidden names carry this process's PID, so two exports never share one.
     """
     check_target(out_dir, overwrite)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     stage, old = (out_dir.parent / f".{out_dir.name}.{suffix}-{os.getpid()}" for suffix in ("partial", "old"))
-    stage.mkdir()
     try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        stage.mkdir()
         yield stage
         check_target(out_dir, overwrite)
         if out_dir.exists():
@@ -104,10 +111,31 @@ def staged(out_dir: Path, overwrite: bool) -> Iterator[Path]:
                 raise
         else:
             stage.rename(out_dir)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(stage, ignore_errors=True)
+        full = _no_space(err)
+        if full is not None:  # the staged files are gone again: nothing of this export is left on the full disk
+            written = Path(full.filename) if full.filename else None
+            if written is not None and stage in written.parents:
+                written = out_dir / written.relative_to(stage)
+            raise RunFailed(f"no space left on device writing {written or out_dir}; nothing was written "
+                            f"(free some space on it and export again)") from err
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _no_space(err: BaseException | None) -> OSError | None:
+    """The "no space left on device" error behind ``err``, if that is what it is: an ``OSError`` (ENOSPC), raised
+    directly or wrapped by the library that wrote (safetensors reports it as text in its own error type)."""
+    for _ in range(8):  # __cause__ / __context__ chains are short; bounded all the same
+        if err is None:
+            return None
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            return err
+        if "No space left on device" in str(err):
+            return OSError(errno.ENOSPC, str(err))
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def weights_size(directory: Path) -> int:

@@ -1,21 +1,24 @@
 """After training, the model a run ships: export the plan, reload the export as a user would and score it there
 (validation, and the test split beside the dense model's), fine-tune it if asked.
 
-Returns what ``report.run_metrics`` reports; nothing here decides what goes (the method did) or cuts (surgery does).
+Returns what ``reports.metrics.run_metrics`` reports; nothing here decides what goes (the method did) or cuts (surgery does).
 ``ship`` is the part every method shares: the gates' runs call it once, the methods that score a trained model
 (``gatedprune.methods.plan_run``) once per level.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from hydra.utils import instantiate
 
+from gatedprune.errors import one_line
 from gatedprune.shipping.export import export_gated
 from gatedprune.shipping.export_dir import save_pruned
-from gatedprune.shipping.finetune import finetune
+from gatedprune.shipping.finetune import FineTuneCheckpoint, check_finite, finetune, resume_point
 from gatedprune.surgery.model_loading import load_pruned
+from gatedprune.training.checkpoint_io import AtomicCheckpointIO
 from gatedprune.training.session import Session
 
 
@@ -51,7 +54,10 @@ def ship(session: Session, val_pairs, *, rule: str, top_k, out_dir: Path, finetu
     """Export what ``module.gates`` keep under ``rule`` to ``out_dir`` (verified), reload it, score it, fine-tune it
     (``tuning.steps``) into ``finetune_dir``. Returns ``{"export", "exported", "finetuned", "test"}``: ``exported``
     is the validation score of the model shipped (the fine-tuned one, if any), ``test`` its test score
-    (``{"pruned"}``, and ``"pruned_before_finetune"``)."""
+    (``{"pruned"}``, and ``"pruned_before_finetune"``).
+
+    A fine-tune that diverges writes nothing to ``finetune_dir``: the export as verified is shipped, and
+    ``finetuned`` is ``{"error", ...}`` (``tuning_error``); the caller fails the run once its metrics are written."""
     module, datamodule, tuning, run_dir, device = (session.module, session.datamodule, session.tuning,
                                                    session.run_dir, session.device)
 
@@ -67,12 +73,25 @@ def ship(session: Session, val_pairs, *, rule: str, top_k, out_dir: Path, finetu
     test = {"pruned": score_on(pruned, "test")} if score_test else {}
     finetuned = None
     if tuning.steps:
-        finetuned = _finetune(session, pruned, finetune_dir, score_on, score_test)
+        try:
+            finetuned = _finetune(session, pruned, export, finetune_dir, score_on, score_test)
+        except FloatingPointError as err:
+            return {"export": export, "exported": exported, "test": test,
+                    "finetuned": _failed(session, finetune_dir, err, exported)}
         finetuned["validation_before"] = headline(exported)
         exported = finetuned.pop("validation")
         if "test" in finetuned:
             test = {"pruned_before_finetune": test.get("pruned"), "pruned": finetuned.pop("test")}
     return {"export": export, "exported": exported, "finetuned": finetuned, "test": test}
+
+
+def tuning_error(shipped: dict) -> str | None:
+    """The one-line reason the fine-tune of ``ship``'s result failed (the export was shipped instead), or None."""
+    return (shipped["finetuned"] or {}).get("error")
+
+
+# metrics.json's ``model`` when the fine-tune failed: the numbers describe the export as verified
+UNTUNED = "exported (fine-tuning failed: see finetune.error; the export as verified is shipped)"
 
 
 def headline(result: dict) -> dict:
@@ -84,17 +103,51 @@ def _inside(path, run_dir: Path) -> bool:
     return Path(path).resolve().is_relative_to(Path(run_dir).resolve())
 
 
-def _finetune(session: Session, pruned, out_dir: Path, score_on, score_test: bool) -> dict:
-    """Fine-tune the exported model (one device, no gates), write it to ``out_dir``, reload and score it."""
+def _finetune(session: Session, pruned, export: dict, out_dir: Path, score_on, score_test: bool) -> dict:
+    """Fine-tune the exported model (one device, no gates), write it to ``out_dir``, reload and score it.
+
+    SIGTERM saves ``<run>/checkpoints/finetune.ckpt``; a relaunch of the same fine-tune (same export and plan, same
+    ``finetune.*``) resumes from it, and a finished fine-tune removes it.
+    """
     module, datamodule, tuning, run_dir = session.module, session.datamodule, session.tuning, session.run_dir
+    checkpoint = _checkpoint(session)
+    saver = FineTuneCheckpoint(checkpoint)
     trainer = instantiate(session.cfg.trainer, max_steps=tuning.steps, devices=1, strategy="auto", num_nodes=1, logger=False,
-                          callbacks=[], enable_checkpointing=False, limit_val_batches=0, num_sanity_val_steps=0)
+                          callbacks=[saver], enable_checkpointing=False, limit_val_batches=0, num_sanity_val_steps=0,
+                          plugins=[AtomicCheckpointIO()])
     teacher = module.teacher if tuning.distill else None
-    tuned = finetune(pruned, datamodule, tuning, trainer, module.optim.label_smoothing, teacher, module.pruning.distill)
-    save_pruned(tuned, out_dir, module.tokenizer, overwrite=_inside(out_dir, run_dir))
+    inside = _inside(out_dir, run_dir)
+    identity = {"dir": str(out_dir.resolve().relative_to(run_dir.resolve()) if inside else out_dir.resolve()),
+                "plan": export["plan"], "steps": tuning.steps, "lr": tuning.lr, "distill": tuning.distill,
+                "seed": session.cfg.seed}
+    resume = resume_point(checkpoint, identity)
+    if resume:
+        print(f"resuming fine-tuning from {resume}")
+    tuned = finetune(pruned, datamodule, tuning, trainer, module.optim.label_smoothing, teacher, module.pruning.distill,
+                     max_bad_steps=module.optim.max_bad_steps, seed=session.cfg.seed, identity=identity, resume=resume)
+    check_finite(tuned, "the end of fine-tuning")  # weights that are not finite are never written
+    save_pruned(tuned, out_dir, module.tokenizer, overwrite=inside)
+    checkpoint.unlink(missing_ok=True)  # this fine-tune is done: a relaunch must not resume it
     reloaded = load_pruned(out_dir).to(session.device)
     result = {"dir": str(out_dir), "steps": tuning.steps, "lr": tuning.lr, "distill": tuning.distill,
               "validation": score_on(reloaded, "validation")}
     if score_test:
         result["test"] = score_on(reloaded, "test")
     return result
+
+
+def _checkpoint(session: Session) -> Path:
+    return Path(session.run_dir) / "checkpoints" / "finetune.ckpt"
+
+
+def _failed(session: Session, out_dir: Path, err: FloatingPointError, exported: dict) -> dict:
+    """What metrics.json keeps of a fine-tune that diverged; no fine-tuned model is left that it does not describe
+    (an earlier run's ``out_dir`` inside this run directory goes too)."""
+    tuning = session.tuning
+    if _inside(out_dir, session.run_dir) and out_dir.exists():
+        shutil.rmtree(out_dir)
+    _checkpoint(session).unlink(missing_ok=True)
+    error = one_line(str(err))
+    print(f"{error}; nothing was written to {out_dir}: the export as verified is what this run ships")
+    return {"error": error, "dir": None, "steps": tuning.steps, "lr": tuning.lr, "distill": tuning.distill,
+            "validation_before": headline(exported)}

@@ -4,16 +4,23 @@ The gated model learned with gate noise; the model that is shipped never did. A 
 model (Xia et al. 2022 fine-tune their pruned model the same way) lets the remaining heads take over from the ones
 that went. It applies to whatever produced the plan, so every method can be compared with the same budget.
 Optionally the dense model stays the teacher (``finetune.distill``, with the gated phase's ``pruning.distill``).
+
+It has the gated phase's guards: a step with a non-finite loss or gradient is skipped and counted, ``optim.max_bad_steps``
+of them in a row stop it (``FloatingPointError``), and weights that are not finite are never saved. On SIGTERM it saves
+``<run>/checkpoints/finetune.ckpt`` (``FineTuneCheckpoint``), and the same command relaunched resumes there.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 
+from gatedprune.training.guards import zero_non_finite_gradients
 from gatedprune.training.distill import DistillOptions, distilled_loss
 from gatedprune.reports.scoring import token_cross_entropy
 from gatedprune.utils import check_numbers
@@ -35,29 +42,146 @@ class FineTuneConfig:
 
 
 class PrunedFineTuning(L.LightningModule):
-    """Cross-entropy (label smoothing as in training), optionally with the distillation term, on a plain model."""
+    """Cross-entropy (label smoothing as in training), optionally with the distillation term, on a plain model.
+
+    ``identity`` (plain data: the export's directory and plan, steps, lr, ...) goes into its checkpoints, so a
+    relaunch resumes only the very fine-tune that was interrupted.
+    """
 
     def __init__(self, model: nn.Module, config: FineTuneConfig, label_smoothing: float,
-                 teacher: nn.Module | None = None, distill: DistillOptions | None = None):
+                 teacher: nn.Module | None = None, distill: DistillOptions | None = None, *,
+                 max_bad_steps: int = 10, seed: int = 0, identity: dict | None = None):
         super().__init__()
         self.model, self.config, self.label_smoothing = model, config, label_smoothing
         self.teacher, self.distill = teacher, distill
+        self.max_bad_steps, self.seed, self.identity = max_bad_steps, seed, identity or {}
+        self.skipped_steps = self.bad_in_a_row = 0
 
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor | None:
         if self.teacher is not None:
             ce, loss, _ = distilled_loss(self.model, self.teacher, batch, self.distill, self.label_smoothing)
         else:
             loss = ce = token_cross_entropy(self.model, batch, self.label_smoothing)
         self.log("finetune/ce", ce, prog_bar=True, batch_size=int((batch["labels"] != -100).sum()))
+        if not torch.isfinite(loss):
+            self._skip_step(f"loss is {loss.item()}")
+            return None  # Lightning then skips backward and the optimiser step (one device: no process waits)
         return loss
+
+    def on_train_start(self) -> None:
+        resumed = f", resumed at step {self.global_step}" if self.global_step else ""
+        print(f"fine-tuning {self.identity.get('dir', 'the export')}: {self.config.steps} steps at lr {self.config.lr}"
+              f"{resumed}")
+
+    def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+        # dropout of fine-tuning step k depends on (seed, k) alone, so a resumed fine-tune draws what an
+        # uninterrupted one would have (the offset keeps it apart from the gated phase's steps)
+        torch.manual_seed(self.seed * 1_000_003 + 2**41 + self.global_step)
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        finite = zero_non_finite_gradients(self.model.parameters(), optimizer)  # None: a non-finite loss, counted
+        if finite is False:
+            self._skip_step("a gradient is not finite")
+        elif finite:
+            self.bad_in_a_row = 0
+
+    def _skip_step(self, why: str) -> None:
+        self.skipped_steps += 1
+        self.bad_in_a_row += 1
+        print(f"warning: fine-tuning step {self.global_step} skipped: {why} ({self.skipped_steps} skipped so far)")
+        if self.bad_in_a_row >= self.max_bad_steps:
+            raise FloatingPointError(
+                f"fine-tuning: {self.bad_in_a_row} steps in a row had a non-finite loss or gradient (optim.max_bad_steps="
+                f"{self.max_bad_steps}); stopped at fine-tuning step {self.global_step} of {self.config.steps} "
+                f"(finetune.lr={self.config.lr}: lower it?)"
+            )
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        check_finite(self.model, f"fine-tuning step {self.global_step}")
+        checkpoint["finetune"] = self.identity
+        checkpoint["skipped_steps"] = self.skipped_steps
+        checkpoint["bad_in_a_row"] = self.bad_in_a_row
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.skipped_steps = checkpoint.get("skipped_steps", 0)
+        self.bad_in_a_row = checkpoint.get("bad_in_a_row", 0)
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.model.parameters(), lr=self.config.lr, weight_decay=0.0)
 
 
+def check_finite(model: nn.Module, when: str) -> None:
+    """``FloatingPointError`` if any weight of ``model`` is not finite: such weights are never saved."""
+    bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise FloatingPointError(
+            f"fine-tuning: {len(bad)} weight tensor(s) are not finite at {when} (e.g. {bad[0]}); they were not saved "
+            "(lower finetune.lr?)"
+        )
+
+
+class FineTuneCheckpoint(L.Callback):
+    """On SIGTERM, save the fine-tune's whole state to ``path`` (weights, optimiser, step, data position: tensors and
+    plain data), unless its weights are not finite; ``message`` then says what was saved, for the run's status."""
+
+    def __init__(self, path: str | Path):
+        self.path, self.message = Path(path), None
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, SIGTERMException):
+            return
+        where = f"fine-tuning step {trainer.global_step} of {pl_module.config.steps}"
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            trainer.save_checkpoint(self.path, weights_only=False)
+        except FloatingPointError:  # on_save_checkpoint refused weights that are not finite
+            self.message = (f"SIGTERM during fine-tuning at {where}: its weights were not finite, nothing was saved; "
+                            "the same command fine-tunes from the export again")
+        else:
+            self.message = (f"SIGTERM during fine-tuning: saved {self.path} at {where}; the same command resumes "
+                            "fine-tuning there")
+        print(self.message)
+
+
+def resume_point(path: Path, identity: dict) -> Path | None:
+    """``path`` if it is a fine-tuning checkpoint of this very fine-tune (``identity``), else None (said why)."""
+    if not path.is_file():
+        return None
+    try:  # tensors and plain data only: a file that would run code is not unpickled
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        print(f"note: {path} is not a readable fine-tuning checkpoint ({type(err).__name__}): fine-tuning starts "
+              "from the export")
+        return None
+    if not isinstance(saved, dict) or saved.get("finetune") != identity:
+        print(f"note: {path} was written by another fine-tune (another export, plan or finetune.* settings): "
+              f"fine-tuning {identity.get('dir')} starts from the export")
+        return None
+    return path
+
+
 def finetune(model: nn.Module, datamodule, config: FineTuneConfig, trainer: L.Trainer, label_smoothing: float,
-             teacher: nn.Module | None = None, distill: DistillOptions | None = None) -> nn.Module:
-    """Train ``model`` (pruned, ungated) for ``config.steps`` steps on the training split; returns it in eval mode."""
+             teacher: nn.Module | None = None, distill: DistillOptions | None = None, *, max_bad_steps: int = 10,
+             seed: int = 0, identity: dict | None = None, resume: Path | None = None) -> nn.Module:
+    """Train ``model`` (pruned, ungated) for ``config.steps`` steps on the training split (from the checkpoint
+    ``resume``, if given); returns it in eval mode.
+
+    ``FloatingPointError`` if it diverged: ``max_bad_steps`` bad steps in a row, or the last step bad (the weights
+    then give no finite loss); the caller checks the weights (``check_finite``) before it saves them.
+    ``SIGTERMException`` carries what was saved on SIGTERM.
+    """
     datamodule.load_state_dict({})  # from the first batch of an epoch, whatever the gated run had reached
-    trainer.fit(PrunedFineTuning(model.train(), config, label_smoothing, teacher, distill), datamodule=datamodule)
+    module = PrunedFineTuning(model.train(), config, label_smoothing, teacher, distill, max_bad_steps=max_bad_steps,
+                              seed=seed, identity=identity)
+    try:
+        # weights_only: Lightning unpickles only tensors and plain data, so a checkpoint cannot run code on resume
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
+    except SIGTERMException:
+        saved = [c.message for c in trainer.callbacks if isinstance(c, FineTuneCheckpoint) and c.message]
+        raise SIGTERMException(saved[0] if saved else "SIGTERM during fine-tuning; nothing was saved") from None
+    if module.bad_in_a_row:
+        raise FloatingPointError(
+            f"fine-tuning: its last {module.bad_in_a_row} step(s) had a non-finite loss or gradient, so the weights it "
+            f"ended with give none (finetune.lr={config.lr}: lower it?)"
+        )
     return model.eval()

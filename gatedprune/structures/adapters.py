@@ -297,9 +297,11 @@ def check_kinds(kinds) -> tuple[str, ...]:
     if isinstance(kinds, str):
         kinds = (kinds,)
     kinds = tuple(kinds)
+    if not kinds:  # nothing would be gated or pruned: not an unknown kind, a missing one
+        raise ValueError(f"pruning.kinds=[]; allowed: one or more of {', '.join(ATTENTION_KINDS)}")
     unknown = [k for k in kinds if k not in ATTENTION_KINDS]
-    if unknown or not kinds:
-        raise ValueError(f"unknown attention kind(s) {unknown or list(kinds)}; allowed: {', '.join(ATTENTION_KINDS)}")
+    if unknown:
+        raise ValueError(f"unknown attention kind(s) {unknown}; allowed: {', '.join(ATTENTION_KINDS)}")
     return tuple(k for k in ATTENTION_KINDS if k in kinds)
 
 

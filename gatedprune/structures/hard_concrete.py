@@ -18,6 +18,8 @@ import torch
 from torch import nn
 
 GATE_MODES = ("sample", "deterministic", "binary", "open")
+# errors name the config key a user sets these by (a run's pruning.gates.*, a checkpoint's copy of it)
+OPTIONS_KEY = "pruning.gates"
 
 
 @dataclass(frozen=True)
@@ -34,17 +36,20 @@ class GateOptions:
         for name in ("temperature", "stretch", "eps", "init_log_alpha", "log_alpha_range"):
             value = getattr(self, name)
             if not all(math.isfinite(v) for v in (value if isinstance(value, (tuple, list)) else [value])):
-                raise ValueError(f"gate {name} must be finite, got {value}")
+                raise ValueError(f"{OPTIONS_KEY}.{name}={value}: gate {name} must be finite, got {value}")
         gamma, zeta = self.stretch
         if not self.temperature > 0:
-            raise ValueError(f"gate temperature must be > 0, got {self.temperature}")
+            raise ValueError(f"{OPTIONS_KEY}.temperature={self.temperature}: gate temperature must be > 0, got "
+                             f"{self.temperature}")
         if not (gamma < 0 and zeta > 1):
-            raise ValueError(f"gate stretch (gamma, zeta) must satisfy gamma < 0 < 1 < zeta, got {tuple(self.stretch)}")
+            raise ValueError(f"{OPTIONS_KEY}.stretch={list(self.stretch)}: gate stretch (gamma, zeta) must satisfy "
+                             f"gamma < 0 < 1 < zeta, got {tuple(self.stretch)}")
         if not 0 < self.eps < 0.5:
-            raise ValueError(f"gate eps must lie in (0, 0.5), got {self.eps}")
+            raise ValueError(f"{OPTIONS_KEY}.eps={self.eps}: gate eps must lie in (0, 0.5), got {self.eps}")
         low, high = self.log_alpha_range
         if not low < high:
-            raise ValueError(f"log_alpha_range must be (low, high) with low < high, got {tuple(self.log_alpha_range)}")
+            raise ValueError(f"{OPTIONS_KEY}.log_alpha_range={list(self.log_alpha_range)}: log_alpha_range must be "
+                             f"(low, high) with low < high, got {tuple(self.log_alpha_range)}")
 
 
 class HardConcreteGate(nn.Module):

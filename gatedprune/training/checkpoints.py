@@ -7,7 +7,11 @@ why everything written here is plain data: the model config as a dict, the gate 
 
 from __future__ import annotations
 
+import contextlib
+import pickletools
 import re
+import warnings
+import zipfile
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
@@ -39,14 +43,20 @@ def load_checkpoint_file(path: str | Path) -> dict:
     pickle that would run code), or is not a gated run's checkpoint.
     """
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # a plain pickle's protocol warning: the refusal below says it in its line
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # truncated, corrupt or unsafe: torch raises several types depending on where it breaks
         unsafe = re.search(r"GLOBAL (\S+)", str(err))  # what the file asked to import and call
-        if unsafe:
+        refused = None if unsafe else _refused_pickle(path, str(err))
+        if unsafe or (refused and refused[0] == "import"):
             raise ValueError(
-                f"{path} asks to load {unsafe.group(1)}, not only tensors and plain data: loading it could run code, "
-                "so it is refused (give a checkpoint written by gatedprune's train.py)"
+                f"{path} asks to load {unsafe.group(1) if unsafe else refused[1]}, not only tensors and plain data: "
+                "loading it could run code, so it is refused (give a checkpoint written by gatedprune's train.py)"
             ) from None
+        if refused:
+            raise ValueError(f"{path} holds pickle opcode {refused[1]}, which weights_only loading refuses; give a "
+                             "checkpoint written by gatedprune's train.py") from None
         raise ValueError(f"{path} is not a readable checkpoint ({type(err).__name__}); it may be truncated") from None
     missing = [key for key in GATED_CHECKPOINT_KEYS if key not in checkpoint]
     if missing or not any(key.startswith("gates.") for key in checkpoint["state_dict"]):
@@ -55,6 +65,59 @@ def load_checkpoint_file(path: str | Path) -> dict:
             "give a checkpoint written by gatedprune's train.py"
         )
     return checkpoint
+
+
+def _refused_pickle(path: str | Path, error: str) -> tuple[str, str] | None:
+    """What the weights-only loader refused without naming it, having stopped at an opcode it lacks before any
+    class (``pickle.dump``'s protocols, ``torch.save(pickle_protocol=4)``): ("import", the first class or function
+    the pickle names that it would refuse) or ("opcode", that opcode); None for anything else, such as a truncated
+    or corrupt file. The pickle is only read (``pickletools``), never run."""
+    unsupported = re.search(r"Unsupported operand (\d+)", error)
+    if unsupported is None:
+        return None
+    try:
+        with contextlib.ExitStack() as stack:
+            if zipfile.is_zipfile(path):  # torch.save's archive: the object's pickle is its data.pkl
+                archive = stack.enter_context(zipfile.ZipFile(path))
+                name = next(n for n in archive.namelist() if n.endswith("data.pkl"))
+                stream = stack.enter_context(archive.open(name))
+            else:
+                stream = stack.enter_context(open(path, "rb"))
+            name = _first_unsafe_global(stream)
+    except Exception:  # not a whole pickle after all
+        return None
+    if name is not None:
+        return "import", name
+    op = pickletools.code2op.get(chr(int(unsupported.group(1))))
+    return ("opcode", op.name) if op is not None else None
+
+
+def _first_unsafe_global(stream) -> str | None:
+    """The first class or function a pickle names that weights-only loading does not allow (its tensors' own
+    rebuild functions are allowed), read from the opcodes alone."""
+    from torch import _weights_only_unpickler
+
+    allowed = set(getattr(_weights_only_unpickler, "_get_allowed_globals", dict)())
+    pushed: list[str | None] = []  # what each opcode put on the stack, where it is a string
+    memo: dict[int, str | None] = {}
+    for opcode, arg, _ in pickletools.genops(stream):
+        name = None
+        if opcode.name in ("GLOBAL", "INST"):
+            name = arg.replace(" ", ".")
+        elif opcode.name == "STACK_GLOBAL" and len(pushed) >= 2 and None not in pushed[-2:]:
+            name = ".".join(pushed[-2:])  # the module and the name pushed just before it
+        if name is not None and name not in allowed:
+            return name
+        if opcode.name == "MEMOIZE":
+            memo[len(memo)] = pushed[-1] if pushed else None
+        elif opcode.name.endswith("PUT"):
+            memo[arg] = pushed[-1] if pushed else None
+        elif opcode.name.endswith("GET"):
+            pushed.append(memo.get(arg))
+        else:
+            pushed.append(arg if isinstance(arg, str) and ("UNICODE" in opcode.name or "STRING" in opcode.name)
+                          else None)
+    return None
 
 
 def strip_prefix(state: Mapping[str, torch.Tensor], prefix: str) -> dict:
@@ -109,6 +172,7 @@ def resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
     if resume in (None, False, "none", "false"):
         return None
     own = run_dir / "checkpoints" / "last.ckpt"
+    _forget_past_a_broken_dense(run_dir / "checkpoints")
     if resume == "auto":
         return own if own.is_file() else None
     path = Path(resume)
@@ -121,6 +185,28 @@ def resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
         print(f"this run directory has its own {own}: continuing from it rather than from {checkpoint}")
         return own
     return checkpoint
+
+
+def _forget_past_a_broken_dense(checkpoints: Path) -> None:
+    """Remove this run's ``dense.ckpt`` if it does not load (cut short by a full disk, say), and its ``last.ckpt``.
+
+    dense.ckpt is saved after the last validation of the dense phase, and last.ckpt just before it, so a run
+    continued from last.ckpt never validates that step again and would end "done" with the file still broken
+    (and forks from it refused). The run trains again from where it started instead: training is deterministic,
+    so it writes the same dense.ckpt and ends where it ended before.
+    """
+    dense = checkpoints / "dense.ckpt"
+    if not dense.is_file():
+        return
+    try:  # mmap: the whole file is not read, but a truncated one has lost its index at the end
+        torch.load(dense, map_location="cpu", weights_only=True, mmap=True)
+        return
+    except Exception as err:  # truncated, corrupt or unsafe: torch raises several types depending on where it breaks
+        why = type(err).__name__
+    print(f"{dense} does not load ({why}): training this run again from its start, to write it again "
+          f"(removed it and {checkpoints / 'last.ckpt'})")
+    (checkpoints / "last.ckpt").unlink(missing_ok=True)  # first: until dense.ckpt goes, a relaunch comes here again
+    dense.unlink()
 
 
 def load_gated_checkpoint(path: str | Path) -> tuple[transformers.PreTrainedModel, HeadGates]:

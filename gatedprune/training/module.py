@@ -18,6 +18,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from gatedprune.structures.head_gates import attach_gates
 from gatedprune.training.checkpoints import describe
 from gatedprune.training.distill import distilled_loss, frozen_copy
+from gatedprune.training.guards import zero_non_finite_gradients
 from gatedprune.reports.scoring import GenerationConfig, corpus_scores, generate, score, token_cross_entropy
 from gatedprune.reports.plots import save_gate_heatmap
 from gatedprune.utils import check_numbers
@@ -169,13 +170,10 @@ class GatedSeq2Seq(L.LightningModule):
             )
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        if not grads:  # training_step returned None for a non-finite loss: counted there, and no step follows
-            return
-        if not torch.isfinite(torch.stack([g.norm() for g in grads]).sum()):
-            optimizer.zero_grad(set_to_none=True)  # AdamW leaves parameters without a gradient untouched
+        finite = zero_non_finite_gradients(self.parameters(), optimizer)  # None: a non-finite loss, counted already
+        if finite is False:
             self._skip_step("a gradient is not finite")
-        else:
+        elif finite:
             self._bad_in_a_row = 0
 
     def _skip_step(self, why: str) -> None:

@@ -17,8 +17,10 @@ import os
 import shutil
 from pathlib import Path
 
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from gatedprune.errors import PATH_ERRNOS, unwritable
 from gatedprune.utils import write_json
 
 LOCK_FILE = ".lock"
@@ -33,8 +35,13 @@ def lock(run_dir: Path) -> int:
 
     ``RunDirBusy`` naming the holder's PID if another process has it.
     """
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:  # read-only, or a dangling symlink: the first write is the lock's
+        if err.errno not in PATH_ERRNOS:
+            raise
+        raise ValueError(unwritable(err)) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -50,6 +57,19 @@ def lock(run_dir: Path) -> int:
     return fd
 
 
+class MadeParents(Callback):
+    """Hydra callback (``conf/hydra/default.yaml``): notes the folders above a single run's directory that do not
+    exist yet. Hydra makes them (``outputs/<date>/``) before the run starts; a refused run removes them again."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        path = Path(config.hydra.run.dir).absolute().parent
+        MADE_PARENTS.clear()
+        while not path.exists() and not path.is_symlink():
+            MADE_PARENTS.append(path)  # deepest first
+            path = path.parent
+
+
+MADE_PARENTS: list[Path] = []  # what MadeParents found missing above this process's run directory
 HYDRA_MADE = {"train.log", LOCK_FILE, ".hydra"}  # what Hydra and the lock put into a directory before a run starts
 RUN_MADE = ("status.json", "tokenizer", "csv", "checkpoints", "gates", *HYDRA_MADE)  # what set-up may have written
 
@@ -71,6 +91,9 @@ def remove_fresh(run_dir: Path) -> None:
     try:
         if run_dir.resolve() != Path.cwd().resolve():
             run_dir.rmdir()
+            for parent in MADE_PARENTS:  # made by Hydra for this run, deepest first; only while empty
+                if run_dir.absolute().is_relative_to(parent):
+                    parent.rmdir()
     except OSError:  # not empty: something else lives there
         pass
 
@@ -94,5 +117,14 @@ def write_hydra_record(run_dir: Path, cfg: DictConfig) -> None:
 
 
 def write_status(run_dir: Path, **status) -> None:
-    """``status.json``: running, done, interrupted or failed (with the error); strict JSON, written atomically."""
-    write_json(run_dir / "status.json", status)
+    """``status.json``: running, done, interrupted or failed (with the error); strict JSON, written atomically.
+
+    "failed" and "interrupted" are written while the run ends with an error of its own (a full disk, SIGTERM):
+    if that write fails too, status.json keeps what it said and the run's own error is the one reported.
+    """
+    try:
+        write_json(run_dir / "status.json", status)
+    except OSError as err:
+        if status.get("status") not in ("failed", "interrupted"):
+            raise
+        print(f"could not record status {status['status']!r} ({err}); {run_dir / 'status.json'} is unchanged")

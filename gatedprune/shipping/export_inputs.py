@@ -1,0 +1,91 @@
+"""What ``gatedprune-export`` is handed, checked before anything loads: the run directory's own checkpoint (never
+another run's file), a record of which file it read, the pairs to verify on and the device to verify on."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+
+def find_run_files(source: Path) -> tuple[Path, Path | None]:
+    """(checkpoint, run dir) of a run directory or of a checkpoint path inside one.
+
+    A run directory's own checkpoint only: the one its metrics.json names relative to it, else
+    ``checkpoints/last.ckpt``. A path the record names outside the run (older runs recorded absolute paths) is
+    never read: a copy of a run would export the original's model, retrained since, say.
+    """
+    own = source / "checkpoints" / "last.ckpt"
+    if not source.is_dir():
+        if not source.is_file():
+            raise FileNotFoundError(f"no run directory or checkpoint at {source}")
+        run_dir = next((d for d in source.parents if (d / "metrics.json").exists()), None)
+        if run_dir is None and source.parent.name == "checkpoints":  # a run still going: no metrics.json yet
+            run_dir = source.parent.parent
+        return source, run_dir
+    metrics = source / "metrics.json"
+    if not metrics.is_file():  # a run still going, or one that stopped: its last checkpoint
+        if own.is_file():
+            return own, source
+        raise FileNotFoundError(
+            f"{source} holds neither metrics.json nor checkpoints/last.ckpt; give a run directory or a .ckpt file"
+        )
+    try:
+        recorded = Path(json.loads(metrics.read_text())["checkpoint"])
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise ValueError(f"{metrics} is not a metrics.json written by train.py (no checkpoint named)") from None
+    inside = not recorded.is_absolute() and ".." not in recorded.parts
+    # as recorded (relative to the run), the recorded file moved along with the run (an old absolute record), the last
+    candidates = list(dict.fromkeys([*([source / recorded] if inside else []), source / "checkpoints" / recorded.name,
+                                     own]))
+    checkpoint = next((c for c in candidates if c.is_file()), None)
+    if checkpoint is None:
+        outside = "" if inside else f"; metrics.json names {recorded}, outside the run, which is never read for it"
+        raise FileNotFoundError(f"run directory {source} has no checkpoint of its own: none at "
+                                f"{', '.join(map(str, candidates))}{outside}")
+    return checkpoint, source
+
+
+def file_record(path: Path) -> dict:
+    """``{"path", "sha256"}`` of the checkpoint an export read: which file, and which contents of it."""
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return {"path": str(path.resolve()), "sha256": digest.hexdigest()}
+
+
+def check_device(device: str | None) -> None:
+    """Refuse a device this machine does not have, before anything loads (torch's own error is a traceback)."""
+    if device is None:  # the model's own
+        return
+    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    allowed = ", ".join(["cpu", *(["cuda", *(f"cuda:{i}" for i in range(cuda))] if cuda else []),
+                         *(["mps"] if torch.backends.mps.is_available() else [])])
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"--device {device} is not a device; allowed: {allowed}") from None
+    if parsed.type == "cuda" and (not cuda or (parsed.index or 0) >= cuda):
+        have = f"{cuda} CUDA device{'s' * (cuda != 1)}" if cuda else "no CUDA device"
+        raise ValueError(f"--device {device} is not available here ({have}); allowed: {allowed}")
+    if parsed.type not in ("cpu", "cuda") and not (parsed.type == "mps" and torch.backends.mps.is_available()):
+        raise ValueError(f"--device {device} is not available here; allowed: {allowed}")
+
+
+def read_pairs(path: Path, limit: int) -> list[tuple[str, str]]:
+    """The first ``limit`` (source, target) pairs of a JSON-lines file with "source" and "target" fields."""
+    pairs = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                    pairs.append((str(row["source"]), str(row["target"])))
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise ValueError(f"{path}:{number}: expected a JSON object with source and target") from None
+            if len(pairs) == limit:
+                break
+    return pairs
