@@ -176,6 +176,7 @@ def run_hydra_app(app: Callable[[], object]) -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    _Sweep.ran, _Sweep.failed, _Sweep.codes, _Sweep.unreported = 0, [], [], []  # this call's sweep alone
     try:
         app()
     except (HydraException, OmegaConfBaseException) as err:

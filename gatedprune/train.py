@@ -24,7 +24,7 @@ from gatedprune.errors import BAD_INPUT, one_line
 from gatedprune.methods.base import Method
 from gatedprune.shipping.export import ExportConfig
 from gatedprune.training import checkpoints, rundir
-from gatedprune.training.checkpoint_io import AtomicCheckpointIO
+from gatedprune.training.checkpoint_io import with_atomic_checkpoints
 from gatedprune.training.csv_logger import ResumableCSVLogger
 from gatedprune.training.session import Session
 
@@ -167,7 +167,8 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple[Session, Method]:
             logger.resuming = resumed_here
     callbacks = [instantiate(c) for c in cfg.callbacks.values()]
     # checkpoints written beside their target and renamed, never half a file (see AtomicCheckpointIO)
-    trainer: L.Trainer = instantiate(cfg.trainer, logger=loggers, callbacks=callbacks, plugins=[AtomicCheckpointIO()])
+    trainer: L.Trainer = instantiate(cfg.trainer, logger=loggers, callbacks=callbacks,
+                                     plugins=with_atomic_checkpoints(cfg.trainer))
     method.check_trainer(trainer)
     return Session(cfg, run_dir, trainer, module, datamodule, checkpoint, tuning, export), method
 

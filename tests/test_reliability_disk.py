@@ -169,6 +169,9 @@ def test_relaunch_rewrites_a_dense_checkpoint_that_does_not_load(tmp_path):
     again = run_train(run_dir, *FAST)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "dense.ckpt does not load" in again.stdout, again.stdout[-3000:]
+    # nothing deleted: the broken file and the last checkpoint past it are set aside
+    assert (run_dir / "checkpoints" / "dense.ckpt.broken").is_file()
+    assert (run_dir / "checkpoints" / "last.ckpt.broken").is_file()
     rewritten = _load(dense)
     assert rewritten["global_step"] == 10
     assert _same(original, rewritten["state_dict"])
@@ -180,3 +183,33 @@ def test_relaunch_rewrites_a_dense_checkpoint_that_does_not_load(tmp_path):
 
     fork = run_train(tmp_path / "fork", *FAST, "trainer.max_steps=20", f"resume={dense}")
     assert fork.returncode == 0, fork.stderr[-3000:]
+
+
+def test_a_dense_checkpoint_broken_again_after_a_retrain_is_refused_not_retrained_forever(tmp_path):
+    from gatedprune.training.checkpoints import resume_checkpoint
+
+    checkpoints = tmp_path / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "dense.ckpt").write_bytes(b"cut short")
+    (checkpoints / "last.ckpt").write_bytes(b"a later step")
+    (checkpoints / "dense.ckpt.broken").write_bytes(b"set aside by the previous relaunch")
+    with pytest.raises(ValueError, match="neither did the one set aside as .*dense.ckpt.broken"):
+        resume_checkpoint("auto", tmp_path / "run")
+    assert (checkpoints / "last.ckpt").read_bytes() == b"a later step"  # nothing moved
+
+
+def test_a_dense_checkpoint_that_cannot_be_read_is_not_taken_for_broken(tmp_path, monkeypatch):
+    from gatedprune.training.checkpoints import resume_checkpoint
+
+    checkpoints = tmp_path / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "dense.ckpt").write_bytes(b"whatever")
+    (checkpoints / "last.ckpt").write_bytes(b"progress")
+
+    def unreadable(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(checkpoints / "dense.ckpt"))
+
+    monkeypatch.setattr(torch, "load", unreadable)
+    with pytest.raises(PermissionError):
+        resume_checkpoint("auto", tmp_path / "run")
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["dense.ckpt", "last.ckpt"]  # a read error moves nothing

@@ -182,3 +182,18 @@ def test_a_fine_tuning_checkpoint_of_another_fine_tune_is_not_resumed(tmp_path, 
     path.write_bytes(b"truncated")
     assert resume_point(path, identity) is None
     assert "not a readable fine-tuning checkpoint" in capsys.readouterr().out
+
+
+def test_each_level_of_a_method_has_its_own_fine_tuning_checkpoint(tmp_path):
+    # a relaunch fine-tunes the levels again in order: a shared file would be removed by the first level's finished
+    # fine-tune before the interrupted level got to resume it
+    from types import SimpleNamespace
+
+    from gatedprune.shipping.finalise import _checkpoint
+
+    run = tmp_path / "run"
+    session = SimpleNamespace(run_dir=run, tuning=SimpleNamespace(out_dir=str(run / "pruned_finetuned")))
+    assert _checkpoint(session, run / "pruned_finetuned") == run / "checkpoints" / "finetune.ckpt"
+    levels = [_checkpoint(session, run / "levels" / f"{n:03d}_heads" / "pruned_finetuned") for n in (12, 6)]
+    assert levels == [run / "checkpoints" / "finetune-levels-012_heads.ckpt",
+                      run / "checkpoints" / "finetune-levels-006_heads.ckpt"]

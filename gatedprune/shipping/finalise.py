@@ -18,7 +18,7 @@ from gatedprune.shipping.export import export_gated
 from gatedprune.shipping.export_dir import save_pruned
 from gatedprune.shipping.finetune import FineTuneCheckpoint, check_finite, finetune, resume_point
 from gatedprune.surgery.model_loading import load_pruned
-from gatedprune.training.checkpoint_io import AtomicCheckpointIO
+from gatedprune.training.checkpoint_io import with_atomic_checkpoints
 from gatedprune.training.session import Session
 
 
@@ -110,11 +110,11 @@ def _finetune(session: Session, pruned, export: dict, out_dir: Path, score_on, s
     ``finetune.*``) resumes from it, and a finished fine-tune removes it.
     """
     module, datamodule, tuning, run_dir = session.module, session.datamodule, session.tuning, session.run_dir
-    checkpoint = _checkpoint(session)
+    checkpoint = _checkpoint(session, out_dir)
     saver = FineTuneCheckpoint(checkpoint)
     trainer = instantiate(session.cfg.trainer, max_steps=tuning.steps, devices=1, strategy="auto", num_nodes=1, logger=False,
                           callbacks=[saver], enable_checkpointing=False, limit_val_batches=0, num_sanity_val_steps=0,
-                          plugins=[AtomicCheckpointIO()])
+                          plugins=with_atomic_checkpoints(session.cfg.trainer))
     teacher = module.teacher if tuning.distill else None
     inside = _inside(out_dir, run_dir)
     identity = {"dir": str(out_dir.resolve().relative_to(run_dir.resolve()) if inside else out_dir.resolve()),
@@ -136,8 +136,16 @@ def _finetune(session: Session, pruned, export: dict, out_dir: Path, score_on, s
     return result
 
 
-def _checkpoint(session: Session) -> Path:
-    return Path(session.run_dir) / "checkpoints" / "finetune.ckpt"
+def _checkpoint(session: Session, out_dir: Path) -> Path:
+    """Where SIGTERM saves the fine-tune into ``out_dir``: ``checkpoints/finetune.ckpt`` for the run's own
+    ``pruned_finetuned/``, one file per level for a method with several (``finetune-levels-012_heads.ckpt``), so a
+    relaunch that fine-tunes the levels again in order resumes the one that was interrupted."""
+    run_dir = Path(session.run_dir)
+    default = Path(session.tuning.out_dir)
+    if out_dir.resolve() == default.resolve() or not _inside(out_dir, run_dir):
+        return run_dir / "checkpoints" / "finetune.ckpt"
+    where = out_dir.resolve().parent.relative_to(run_dir.resolve())  # levels/012_heads/pruned_finetuned: levels/012_heads
+    return run_dir / "checkpoints" / f"finetune-{'-'.join(where.parts) or 'run'}.ckpt"
 
 
 def _failed(session: Session, out_dir: Path, err: FloatingPointError, exported: dict) -> dict:
@@ -146,7 +154,7 @@ def _failed(session: Session, out_dir: Path, err: FloatingPointError, exported: 
     tuning = session.tuning
     if _inside(out_dir, session.run_dir) and out_dir.exists():
         shutil.rmtree(out_dir)
-    _checkpoint(session).unlink(missing_ok=True)
+    _checkpoint(session, out_dir).unlink(missing_ok=True)
     error = one_line(str(err))
     print(f"{error}; nothing was written to {out_dir}: the export as verified is what this run ships")
     return {"error": error, "dir": None, "steps": tuning.steps, "lr": tuning.lr, "distill": tuning.distill,

@@ -26,3 +26,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None or "://" in str(path):  # a remote store: Lightning's own (fsspec) saving
             return super().save_checkpoint(checkpoint, path, storage_options=storage_options)
         atomic_write_with(path, lambda f: torch.save(checkpoint, f))
+
+
+def with_atomic_checkpoints(trainer_cfg) -> list:
+    """The plugins of a trainer's config (``trainer.plugins``, instantiated), with ``AtomicCheckpointIO`` added
+    unless they bring a CheckpointIO of their own: a user's plugins are kept, not replaced."""
+    from hydra.utils import instantiate
+    from lightning.pytorch.plugins.io import CheckpointIO
+
+    given = trainer_cfg.get("plugins")
+    plugins = instantiate(given, _convert_="all") if given else []
+    plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+    return plugins if any(isinstance(p, CheckpointIO) for p in plugins) else [*plugins, AtomicCheckpointIO()]

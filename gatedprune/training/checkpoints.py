@@ -17,6 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 import transformers
 
 from gatedprune.structures.head_gates import HeadGates, attach_gates
@@ -188,25 +189,37 @@ def resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
 
 
 def _forget_past_a_broken_dense(checkpoints: Path) -> None:
-    """Remove this run's ``dense.ckpt`` if it does not load (cut short by a full disk, say), and its ``last.ckpt``.
+    """Set this run's ``dense.ckpt`` aside if it is cut short (a full disk before saves were atomic, a copy), with
+    its ``last.ckpt``, so the run trains again from its start and writes it again.
 
     dense.ckpt is saved after the last validation of the dense phase, and last.ckpt just before it, so a run
     continued from last.ckpt never validates that step again and would end "done" with the file still broken
-    (and forks from it refused). The run trains again from where it started instead: training is deterministic,
-    so it writes the same dense.ckpt and ends where it ended before.
+    (and forks from it refused). Training is deterministic on CPU, so the run writes the same dense.ckpt and ends
+    where it ended before. Nothing is deleted: both files are renamed ``*.broken``. Only a file that is there but
+    does not parse counts (an error reading it, a permission or I/O error, is raised as it is), only rank 0 acts,
+    and a dense.ckpt broken again after such a retrain is refused rather than retrained forever.
     """
     dense = checkpoints / "dense.ckpt"
-    if not dense.is_file():
+    if rank_zero_only.rank > 0 or not dense.is_file():
         return
     try:  # mmap: the whole file is not read, but a truncated one has lost its index at the end
         torch.load(dense, map_location="cpu", weights_only=True, mmap=True)
         return
-    except Exception as err:  # truncated, corrupt or unsafe: torch raises several types depending on where it breaks
+    except OSError:  # the file could not be read (permissions, I/O): not evidence that it is broken
+        raise
+    except Exception as err:  # cut short or corrupt: torch raises several types depending on where it breaks
         why = type(err).__name__
-    print(f"{dense} does not load ({why}): training this run again from its start, to write it again "
-          f"(removed it and {checkpoints / 'last.ckpt'})")
-    (checkpoints / "last.ckpt").unlink(missing_ok=True)  # first: until dense.ckpt goes, a relaunch comes here again
-    dense.unlink()
+    aside = [checkpoints / f"{name}.broken" for name in ("dense.ckpt", "last.ckpt")]
+    if aside[0].exists():
+        raise ValueError(f"{dense} does not load ({why}), and neither did the one set aside as {aside[0]} before this "
+                         "run trained again: something other than a cut-short file is wrong; allowed: a run directory "
+                         "whose checkpoints load (or resume=false to start afresh)")
+    print(f"{dense} does not load ({why}): training this run again from its start to write it again (it and "
+          f"last.ckpt are kept as {aside[0].name} and {aside[1].name})")
+    last = checkpoints / "last.ckpt"
+    if last.is_file():  # first: until dense.ckpt goes, a relaunch comes here again
+        last.replace(aside[1])
+    dense.replace(aside[0])
 
 
 def load_gated_checkpoint(path: str | Path) -> tuple[transformers.PreTrainedModel, HeadGates]:
