@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 
-from gatedprune.training.guards import zero_non_finite_gradients
+from gatedprune.training.guards import BadSteps, zero_non_finite_gradients
 from gatedprune.training.distill import DistillOptions, distilled_loss
 from gatedprune.reports.scoring import token_cross_entropy
 from gatedprune.utils import check_numbers
@@ -54,8 +54,8 @@ class PrunedFineTuning(L.LightningModule):
         super().__init__()
         self.model, self.config, self.label_smoothing = model, config, label_smoothing
         self.teacher, self.distill = teacher, distill
-        self.max_bad_steps, self.seed, self.identity = max_bad_steps, seed, identity or {}
-        self.skipped_steps = self.bad_in_a_row = 0
+        self.seed, self.identity = seed, identity or {}
+        self.bad_steps = BadSteps(max_bad_steps, "fine-tuning step")
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor | None:
         if self.teacher is not None:
@@ -83,28 +83,23 @@ class PrunedFineTuning(L.LightningModule):
         if finite is False:
             self._skip_step("a gradient is not finite")
         elif finite:
-            self.bad_in_a_row = 0
+            self.bad_steps.good()
 
     def _skip_step(self, why: str) -> None:
-        self.skipped_steps += 1
-        self.bad_in_a_row += 1
-        print(f"warning: fine-tuning step {self.global_step} skipped: {why} ({self.skipped_steps} skipped so far)")
-        if self.bad_in_a_row >= self.max_bad_steps:
-            raise FloatingPointError(
-                f"fine-tuning: {self.bad_in_a_row} steps in a row had a non-finite loss or gradient (optim.max_bad_steps="
-                f"{self.max_bad_steps}); stopped at fine-tuning step {self.global_step} of {self.config.steps} "
-                f"(finetune.lr={self.config.lr}: lower it?)"
-            )
+        self.bad_steps.skip(
+            self.global_step, why, prefix="fine-tuning: ", stopped=(
+                f"stopped at fine-tuning step {self.global_step} of {self.config.steps} "
+                f"(finetune.lr={self.config.lr}: lower it?)"))
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         check_finite(self.model, f"fine-tuning step {self.global_step}")
         checkpoint["finetune"] = self.identity
-        checkpoint["skipped_steps"] = self.skipped_steps
-        checkpoint["bad_in_a_row"] = self.bad_in_a_row
+        checkpoint["skipped_steps"] = self.bad_steps.total
+        checkpoint["bad_in_a_row"] = self.bad_steps.in_a_row
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.skipped_steps = checkpoint.get("skipped_steps", 0)
-        self.bad_in_a_row = checkpoint.get("bad_in_a_row", 0)
+        self.bad_steps.total = checkpoint.get("skipped_steps", 0)
+        self.bad_steps.in_a_row = checkpoint.get("bad_in_a_row", 0)
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.model.parameters(), lr=self.config.lr, weight_decay=0.0)
@@ -179,9 +174,9 @@ def finetune(model: nn.Module, datamodule, config: FineTuneConfig, trainer: L.Tr
     except SIGTERMException:
         saved = [c.message for c in trainer.callbacks if isinstance(c, FineTuneCheckpoint) and c.message]
         raise SIGTERMException(saved[0] if saved else "SIGTERM during fine-tuning; nothing was saved") from None
-    if module.bad_in_a_row:
+    if module.bad_steps.in_a_row:
         raise FloatingPointError(
-            f"fine-tuning: its last {module.bad_in_a_row} step(s) had a non-finite loss or gradient, so the weights it "
+            f"fine-tuning: its last {module.bad_steps.in_a_row} step(s) had a non-finite loss or gradient, so the weights it "
             f"ended with give none (finetune.lr={config.lr}: lower it?)"
         )
     return model.eval()

@@ -1,4 +1,5 @@
-"""The guard of every optimiser step, gated or fine-tuning: a step with a gradient that is not finite is not taken."""
+"""The guards of every optimiser step, gated or fine-tuning: a step with a non-finite loss or gradient is not taken,
+and is counted; too many in a row stop the run."""
 
 from __future__ import annotations
 
@@ -18,3 +19,25 @@ def zero_non_finite_gradients(parameters: Iterable[torch.nn.Parameter], optimize
         return True
     optimizer.zero_grad(set_to_none=True)
     return False
+
+
+class BadSteps:
+    """Steps skipped for a non-finite loss or gradient, in all and in a row; ``limit`` in a row stop the run
+    (``optim.max_bad_steps``). ``what`` names the steps in the warnings (``step``, ``fine-tuning step``)."""
+
+    def __init__(self, limit: int, what: str = "step"):
+        self.limit, self.what = limit, what
+        self.total = self.in_a_row = 0
+
+    def good(self) -> None:
+        self.in_a_row = 0
+
+    def skip(self, step: int, why: str, stopped: str, prefix: str = "") -> None:
+        """Count step ``step`` as skipped for ``why``; ``FloatingPointError`` once ``limit`` came in a row (its
+        message: ``prefix``, the count, then ``stopped``: where and what is left)."""
+        self.total += 1
+        self.in_a_row += 1
+        print(f"warning: {self.what} {step} skipped: {why} ({self.total} skipped so far)")
+        if self.in_a_row >= self.limit:
+            raise FloatingPointError(f"{prefix}{self.in_a_row} steps in a row had a non-finite loss or gradient "
+                                     f"(optim.max_bad_steps={self.limit}); {stopped}")

@@ -18,7 +18,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from gatedprune.structures.head_gates import attach_gates
 from gatedprune.training.checkpoints import describe
 from gatedprune.training.distill import distilled_loss, frozen_copy
-from gatedprune.training.guards import zero_non_finite_gradients
+from gatedprune.training.guards import BadSteps, zero_non_finite_gradients
 from gatedprune.reports.scoring import GenerationConfig, corpus_scores, generate, score, token_cross_entropy
 from gatedprune.reports.plots import save_gate_heatmap
 from gatedprune.utils import check_numbers
@@ -84,12 +84,11 @@ class GatedSeq2Seq(L.LightningModule):
         self.dense_metrics: dict = {}  # the last validation of the dense phase, for the final comparison
         self.dense_test: dict | None = None  # the dense model's test-split score (see score_test)
         self.signature: dict = {}  # sacreBLEU signatures of the last validation
-        self.skipped_steps = 0  # steps skipped for a non-finite loss or gradient, in total
+        self.bad_steps = BadSteps(optim.max_bad_steps)  # steps skipped for a non-finite loss or gradient
         # per gated validation: heads the plan export keeps gained or lost since the previous validation (the first
         # one: since the dense model, every head kept), and the gates not yet settled
         self.plan_changes: list[dict] = []
         self._last_plan: dict | None = None
-        self._bad_in_a_row = 0
         self._val_hyps: list[str] = []
         self._val_refs: list[str] = []
 
@@ -174,17 +173,16 @@ class GatedSeq2Seq(L.LightningModule):
         if finite is False:
             self._skip_step("a gradient is not finite")
         elif finite:
-            self._bad_in_a_row = 0
+            self.bad_steps.good()
 
     def _skip_step(self, why: str) -> None:
-        self.skipped_steps += 1
-        self._bad_in_a_row += 1
-        print(f"warning: step {self.global_step} skipped: {why} ({self.skipped_steps} skipped so far)")
-        if self._bad_in_a_row >= self.optim.max_bad_steps:
-            raise FloatingPointError(
-                f"{self._bad_in_a_row} steps in a row had a non-finite loss or gradient (optim.max_bad_steps="
-                f"{self.optim.max_bad_steps}); stopped at step {self.global_step}, the last checkpoint is the last good one"
-            )
+        self.bad_steps.skip(self.global_step, why,
+                            f"stopped at step {self.global_step}, the last checkpoint is the last good one")
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped for a non-finite loss or gradient, in all (``metrics.json``)."""
+        return self.bad_steps.total
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         self.gates.clamp_()
@@ -330,7 +328,7 @@ class GatedSeq2Seq(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.dense_metrics = checkpoint.get("dense_metrics", {})
         self.dense_test = checkpoint.get("dense_test")
-        self.skipped_steps = checkpoint.get("skipped_steps", 0)
+        self.bad_steps.total = checkpoint.get("skipped_steps", 0)
         self.plan_changes = checkpoint.get("plan_changes", [])
         same_rule = checkpoint.get("last_plan_rule") == list(self.pruning.export_rule(self.budget))
         self._last_plan = checkpoint.get("last_plan") if same_rule or not checkpoint.get("plan_changes") else None
