@@ -41,6 +41,14 @@ def train_command() -> None:
     run_hydra_app(main)
 
 
+def quiet_loading() -> None:
+    """transformers' loading and saving bars off: a command says what it does in its own lines, and a refusal found
+    after a model loads is still the one line on stderr."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+
+
 def set_offline_defaults() -> None:
     """Never reach a hub from a run unless the user says so; W&B logs offline unless WANDB_MODE is set."""
     os.environ.setdefault("WANDB_MODE", "offline")
@@ -77,10 +85,7 @@ def export_command(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="device for verification: cpu (default), cuda, cuda:N, mps")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    import transformers
-
-    # the export says what it does in its own lines; transformers' save and load bars would add more to stderr
-    transformers.utils.logging.disable_progress_bar()
+    quiet_loading()
     return run_reported(lambda: export_checkpoint(
         args.source, args.out_dir, rule="binary" if args.top_k is None else "top-k", top_k=args.top_k,
         overwrite=args.overwrite, samples=args.samples, val_pairs=args.val_pairs,
@@ -136,10 +141,7 @@ def evaluate_command(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="where to write the scores (default MODEL_DIR/eval.json)")
     args = parser.parse_intermixed_args(argv)  # options and data overrides in any order
     set_offline_defaults()  # a hub id is read from the cache unless the user says otherwise
-    import transformers
-
-    # a refusal is one line on stderr: transformers' loading bar would come before one found after the model loads
-    transformers.utils.logging.disable_progress_bar()
+    quiet_loading()
 
     def run() -> None:
         local = Path(args.model_dir).is_dir()  # a hub id gets a file here, not a folder named like it
@@ -189,9 +191,7 @@ def analyze_command(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="where to write (default SOURCE/analysis)")
     args = parser.parse_intermixed_args(argv)
     set_offline_defaults()
-    import transformers
-
-    transformers.utils.logging.disable_progress_bar()  # a refusal is one line on stderr, as in gatedprune-evaluate
+    quiet_loading()
 
     def run() -> None:
         report = analyze(args.source, args.split, args.max_pairs, args.overrides)
