@@ -114,6 +114,14 @@ def reported_errors() -> Iterator[None]:
             raise SweepMemberFailed(failure) from err
 
 
+def in_sweep() -> bool:
+    """True inside a member of a ``-m`` sweep (Hydra's MULTIRUN mode)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
 def _sweep_member() -> tuple[str, bool] | None:
     """``(name, raise_it)`` of the ``-m`` sweep member running now, None outside one. The name is the job number
     and the overrides not on the command line as given (the swept values, an Optuna trial's), e.g.
@@ -125,9 +133,8 @@ def _sweep_member() -> tuple[str, bool] | None:
     process) must see the job fail, so it is raised.
     """
     from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
 
-    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+    if not in_sweep():
         return None
     hydra_cfg = HydraConfig.get()
     _Sweep.ran += 1

@@ -13,14 +13,13 @@ from pathlib import Path
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
-from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from gatedprune.errors import BAD_INPUT, one_line
+from gatedprune.errors import BAD_INPUT, in_sweep, one_line
 from gatedprune.methods.base import Method
 from gatedprune.shipping.export import ExportConfig
 from gatedprune.training import checkpoints, rundir
@@ -54,7 +53,7 @@ def train(cfg: DictConfig) -> dict:
         session, method = _setup(cfg, run_dir)
         return method.run(session)
     # a directory that held anything of its own is never removed; a sweep member's stays to show its failure
-    fresh = rundir.is_fresh(run_dir) and not _in_sweep()
+    fresh = rundir.is_fresh(run_dir) and not in_sweep()
     held = rundir.lock(run_dir)  # before anything is written: another process may own this directory
     try:
         rundir.write_hydra_record(run_dir, cfg)
@@ -81,10 +80,6 @@ def train(cfg: DictConfig) -> dict:
     return metrics
 
 
-def _in_sweep() -> bool:
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-
 def _finish_wandb_run() -> None:
     """End the W&B run that a WandbLogger started. Lightning leaves it open, and the next run in this process
     (every member of a local ``-m`` sweep) would log into it."""
@@ -98,10 +93,7 @@ def _check_ddp_launch(cfg: DictConfig) -> None:
     local launcher each of them would run the whole sweep."""
     strategy = cfg.trainer.get("strategy")
     name = strategy.get("_target_") if isinstance(strategy, DictConfig) else strategy
-    if "ddp" not in str(name).lower() or not HydraConfig.initialized():
-        return
-    hydra_cfg = HydraConfig.get()
-    if hydra_cfg.mode == RunMode.MULTIRUN and hydra_cfg.launcher._target_.endswith("BasicLauncher"):
+    if "ddp" in str(name).lower() and in_sweep() and HydraConfig.get().launcher._target_.endswith("BasicLauncher"):
         raise ValueError(
             f"trainer.strategy={name} with -m: each DDP process would re-run the whole sweep; "
             "allowed: DDP in single runs (one command per value)"

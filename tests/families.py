@@ -46,3 +46,19 @@ def tiny_model(family: str, tmp_path, attn_implementation: str | None = None, se
     model.save_pretrained(path)
     model = transformers.AutoModelForSeq2SeqLM.from_pretrained(path, attn_implementation=attn_implementation)
     return model.eval()
+
+
+def save_plain_mbart(path, tokenizer, width: int, seed: int = 0) -> None:
+    """A tiny random mBART sized to ``tokenizer`` (1+1 layers, 2 heads, d_model and FFN ``width``, 128 positions),
+    saved with ``save_pretrained`` beside its tokenizer: a model directory gatedprune did not write."""
+    import torch
+
+    torch.manual_seed(seed)
+    config = transformers.MBartConfig(
+        vocab_size=len(tokenizer), d_model=width, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=width, decoder_ffn_dim=width, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+        decoder_start_token_id=tokenizer.eos_token_id, forced_eos_token_id=None, max_position_embeddings=128,
+    )
+    transformers.MBartForConditionalGeneration(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)

@@ -69,3 +69,11 @@ def gated_module(tmp_path: Path, max_bad_steps: int = 3):
     )
     model = tiny_model("mbart", tmp_path)
     return GatedSeq2Seq(model, tokenizer, L0(), OptimConfig(max_bad_steps=max_bad_steps), GenerationConfig(), tmp_path)
+
+
+def train_dense(run_dir: Path) -> Path:
+    """``run_dir`` after a smoke run that stops at the end of its dense phase (10 steps): the trained model the
+    baselines prune."""
+    proc = run_train(run_dir, "trainer.max_steps=10")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from helpers import compose_train, error_line, run_train
+from helpers import compose_train, error_line, run_train, train_dense
 from safetensors.torch import load_file
 
 from gatedprune.methods.baselines import AStar, Michel, Random, head_counts, search
@@ -184,10 +184,7 @@ def test_random_plans_repeat_with_the_seed_and_differ_between_seeds():
 
 @pytest.fixture(scope="module")
 def dense_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("baselines") / "dense"
-    proc = run_train(run, "trainer.max_steps=10")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return run
+    return train_dense(tmp_path_factory.mktemp("baselines") / "dense")
 
 
 METHOD_RUNS = {

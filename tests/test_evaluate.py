@@ -10,6 +10,7 @@ import sacrebleu
 import torch
 import transformers
 
+from families import save_plain_mbart
 from helpers import compose_train, error_line, offline_env
 from gatedprune.data import load_bible_pairs, train_unigram_tokenizer
 from gatedprune.cli import evaluate_command as main
@@ -90,16 +91,7 @@ def test_a_budget_ramp_longer_than_the_gated_phase_is_shortened_and_said(budget_
 def plain_model(tmp_path_factory, pairs):
     """A tiny mBART saved with save_pretrained, with its own tokenizer: not pruned, not gatedprune's."""
     path = tmp_path_factory.mktemp("plain") / "model"
-    tokenizer = train_unigram_tokenizer([t for pair in pairs for t in pair], 300)
-    torch.manual_seed(0)
-    config = transformers.MBartConfig(
-        vocab_size=len(tokenizer), d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
-        decoder_start_token_id=tokenizer.eos_token_id, forced_eos_token_id=None, max_position_embeddings=128,
-    )
-    transformers.MBartForConditionalGeneration(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    save_plain_mbart(path, train_unigram_tokenizer([t for pair in pairs for t in pair], 300), width=32)
     return path
 
 

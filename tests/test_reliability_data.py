@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 import transformers
 
+from families import save_plain_mbart
 from helpers import compose_train, error_line, run_train
 from gatedprune.cli import evaluate_command
 from gatedprune.data import FilesData, load_bible_pairs, read_pairs_file, train_unigram_tokenizer
@@ -166,17 +166,8 @@ def test_a_training_run_with_a_long_validation_sentence(tmp_path, pairs, long_pa
 
 
 def test_evaluate_a_test_file_with_a_long_sentence(tmp_path, pairs, long_pair, tokenizer_dir, capsys):
-    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
-    torch.manual_seed(0)
-    config = transformers.MBartConfig(
-        vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
-        decoder_start_token_id=tokenizer.eos_token_id, forced_eos_token_id=None, max_position_embeddings=128,
-    )
     model_dir = tmp_path / "model"
-    transformers.MBartForConditionalGeneration(config).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+    save_plain_mbart(model_dir, transformers.AutoTokenizer.from_pretrained(tokenizer_dir), width=16)
     test = _write_tsv(tmp_path / "test.tsv", [*pairs[:5], long_pair])
     assert evaluate_command([str(model_dir), "data=files", f"data.files.test={test}", "--num-beams", "1",
                              "--out", str(tmp_path / "eval.json")]) == 0

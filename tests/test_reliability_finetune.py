@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import ROOT, compose_train, error_line, offline_env, run_train
+from helpers import ROOT, compose_train, error_line, offline_env, run_train, train_dense
 
 FINETUNE = ["finetune.steps=60"]  # long enough to be interrupted once it has begun
 
@@ -80,10 +80,7 @@ def test_a_fine_tune_never_saves_weights_that_are_not_finite(tmp_path):
 
 @pytest.fixture(scope="module")
 def dense_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("finetune") / "dense"
-    proc = run_train(run, "trainer.max_steps=10")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return run
+    return train_dense(tmp_path_factory.mktemp("finetune") / "dense")
 
 
 def test_a_baseline_level_whose_fine_tune_fails_is_recorded_and_the_other_levels_go_on(dense_run, tmp_path,
