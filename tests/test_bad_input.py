@@ -43,7 +43,7 @@ def test_missing_language_columns_are_named(tmp_path):
     "override, fragments",
     [
         ("pruning.l0_lambda=-0.1", ["pruning.l0_lambda=-0.1 is negative; allowed: a number >= 0"]),
-        ("pruning.kinds=[encoder,self]", ["unknown attention kind(s) ['self']; allowed: encoder, decoder, cross"]),
+        ("pruning.kinds=[encoder,self]", ["unknown kind(s) ['self'] in pruning.kinds; allowed: encoder, decoder, cross, encoder_ffn, decoder_ffn, encoder_layer, decoder_layer"]),
         ("pruning.gates.temperature=0", ["gate temperature must be > 0, got 0"]),
         ("pruning.gates.temperature=inf", ["pruning.gates.temperature=inf is not a finite number"]),
         ("data=web", ["Could not find 'data/web'", "Available options in 'data': bible; files; hf"]),

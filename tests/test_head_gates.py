@@ -167,7 +167,7 @@ def test_gates_travel_in_state_dict(family_model):
 
 def test_unknown_kind_is_refused(family_model):
     _, model = family_model
-    with pytest.raises(ValueError, match=r"unknown attention kind\(s\) \['self'\]; allowed: encoder, decoder, cross"):
+    with pytest.raises(ValueError, match=r"unknown kind\(s\) \['self'\] in pruning.kinds; allowed: encoder, decoder, cross, encoder_ffn"):
         attach_gates(model, kinds=("encoder", "self"))
 
 

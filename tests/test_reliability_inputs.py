@@ -152,13 +152,13 @@ def test_a_plain_pickle_checkpoint_is_named_for_what_it_holds(tmp_path):
 
 
 def test_no_attention_kinds_is_refused_with_the_kinds_there_are():
-    from gatedprune.structures.adapters import ATTENTION_KINDS, check_kinds
+    from gatedprune.structures.kinds import ALL_KINDS, check_kinds
 
     for kinds in ([], ()):
         with pytest.raises(ValueError) as err:
             check_kinds(kinds)
-        assert str(err.value) == f"pruning.kinds=[]; allowed: one or more of {', '.join(ATTENTION_KINDS)}"
-    with pytest.raises(ValueError, match=r"unknown attention kind\(s\) \['self'\]; allowed: encoder, decoder"):
+        assert str(err.value) == f"pruning.kinds=[]; allowed: one or more of {', '.join(ALL_KINDS)}"
+    with pytest.raises(ValueError, match=r"unknown kind\(s\) \['self'\] in pruning.kinds; allowed: encoder, decoder"):
         check_kinds(["encoder", "self"])
 
 

@@ -178,8 +178,8 @@ def test_masked_heads_is_the_gated_model_with_binary_gates(model_of, family):
 @pytest.mark.parametrize(
     ("plan", "message"),
     [
-        ({"model.encoder.layers.7.self_attn": [0]}, "not attention modules"),
-        ({"model.encoder.layers.0": [0]}, "not attention modules"),
+        ({"model.encoder.layers.7.self_attn": [0]}, "not prunable modules"),
+        ({"model.encoder.layers.0": [0]}, "not prunable modules"),
         ({"model.encoder.layers.0.self_attn": [4]}, r"head 4 does not exist \(the module has heads 0..3\)"),
         ({"model.encoder.layers.0.self_attn": [-1]}, "head -1 does not exist"),
         ({"model.encoder.layers.0.self_attn": [1, 1]}, "listed twice"),

@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from gatedprune.structures.adapters import ATTENTION_KINDS, check_kinds
+from gatedprune.structures.kinds import ATTENTION_KINDS, LAYER_KINDS, check_kinds
 from gatedprune.training.distill import DistillOptions
 from gatedprune.utils import check_numbers
 
 
 @dataclass
 class Method:
-    """What every method shares: the attention kinds it may prune, and distillation from the unpruned model."""
+    """What every method shares: the kinds of structure it may prune, and distillation from the unpruned model."""
 
     name: ClassVar[str] = "method"
     # a method that scores a trained model is refused without one (resume= or model=pretrained)
@@ -36,6 +36,7 @@ class Method:
     # is built), or ``prepare`` loads what it needs of it
     loads_checkpoint_itself: ClassVar[bool] = False
     kinds: tuple[str, ...] = ATTENTION_KINDS
+    ffn_group: int = 1  # feed-forward units gated (and removed) together, so widths stay multiples of it
     distill: DistillOptions = field(default_factory=DistillOptions)
 
     def __post_init__(self) -> None:
@@ -43,6 +44,13 @@ class Method:
         if isinstance(self.distill, dict):  # from a config file
             self.distill = DistillOptions(**self.distill)
         self.kinds = check_kinds(self.kinds)
+        if isinstance(self.ffn_group, bool) or not isinstance(self.ffn_group, int) or self.ffn_group < 1:
+            raise ValueError(f"pruning.ffn_group={self.ffn_group!r}; allowed: an integer >= 1")
+        layers = [k for k in self.kinds if k in LAYER_KINDS]
+        if self.distill.hidden > 0 and layers:
+            raise ValueError(f"pruning.distill.hidden={self.distill.hidden} with layer kinds {layers}: layer "
+                             "distillation needs a map from teacher to kept student layers, which gatedprune does not "
+                             "have yet; allowed: pruning.distill.hidden=0 (output distillation, alpha, works)")
 
     # ---- set-up checks, in the order train.py calls them --------------------------------------------------------
     def check_schedule(self, max_steps: int | None) -> None:

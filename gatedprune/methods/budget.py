@@ -83,3 +83,53 @@ class HeadBudget(nn.Module):
     def forward(self, gated_step: int) -> torch.Tensor:
         gap = self.expected_fraction() - self.target_fraction(gated_step).to(self.lambda1.device)  # (G,)
         return (self.lambda1 * gap + self.lambda2 * gap**2).sum()
+
+
+class ParamBudget(nn.Module):
+    """Drives the expected kept fraction of the non-embedding parameters to ``target`` (one group).
+
+    s = (non-embedding parameters the gates cannot remove + expected kept prunable ones) / non-embedding parameters,
+    nesting-aware (``HeadGates.expected_params``); the same Lagrangian as ``HeadBudget``, its target ramping from 1.
+    A target below what removing every prunable structure reaches is refused with that floor.
+    """
+
+    def __init__(self, gates: HeadGates, target: float, warmup_steps: int):
+        super().__init__()
+        self.gates = [gates]
+        self.total = gates.non_embedding_params
+        self.fixed = self.total - gates.prunable_params  # what no gate can remove
+        floor = self.fixed / self.total
+        if target < floor:
+            raise ValueError(f"pruning.target_params={target} is below what removing every gated structure reaches "
+                             f"({floor:.4f} of the non-embedding parameters); allowed: a fraction in [{floor:.4f}, 1)")
+        self.target = target
+        self.warmup_steps = warmup_steps
+        self.groups = ["params"]
+        self.lambda1 = nn.Parameter(torch.zeros(1))
+        self.lambda2 = nn.Parameter(torch.zeros(1))
+        for multiplier in (self.lambda1, self.lambda2):
+            multiplier.register_hook(torch.neg)  # gradient ascent under any minimising optimiser
+
+    @property
+    def targets(self) -> dict[str, float]:
+        return {"params": self.target}
+
+    @property
+    def kept_params_allowed(self) -> int:
+        """Prunable parameters the export may keep: the target less what no gate can remove."""
+        return int(self.target * self.total) - self.fixed
+
+    def target_fraction(self, gated_step: int) -> torch.Tensor:
+        ramp = min(1.0, gated_step / self.warmup_steps) if self.warmup_steps > 0 else 1.0
+        return torch.tensor([1.0 - ramp * (1.0 - self.target)])  # (1,)
+
+    def expected_fraction(self) -> torch.Tensor:
+        return ((self.fixed + self.gates[0].expected_params()) / self.total).reshape(1)  # (1,)
+
+    @torch.no_grad()
+    def report(self) -> dict[str, dict[str, float]]:
+        return {"params": {"target": self.target, "expected_kept": self.expected_fraction().item()}}
+
+    def forward(self, gated_step: int) -> torch.Tensor:
+        gap = self.expected_fraction() - self.target_fraction(gated_step).to(self.lambda1.device)  # (1,)
+        return (self.lambda1 * gap + self.lambda2 * gap**2).sum()

@@ -22,10 +22,11 @@ import torch
 from torch import nn
 
 from gatedprune.methods.base import Method
-from gatedprune.methods.budget import HeadBudget, resolve_targets
+from gatedprune.methods.budget import HeadBudget, ParamBudget, resolve_targets
 from gatedprune.shipping.export_dir import check_out_dir
 from gatedprune.structures.hard_concrete import GATE_MODES, GateOptions
 from gatedprune.structures.head_gates import PENALTY_NORMALISATIONS, HeadGates
+from gatedprune.structures.kinds import ATTENTION_KINDS
 from gatedprune.utils import check_numbers
 
 
@@ -79,6 +80,14 @@ class GatedPruning(Method):
 
     def gating(self) -> GatedPruning:
         return self
+
+    def checkpoint_kinds(self, saved: dict) -> tuple[str, ...]:
+        """A heads-only checkpoint (every ``dense.ckpt`` written before other kinds existed) forks into a run that
+        gates its heads and more: the new gates start fresh (``add_new_gates``)."""
+        heads = tuple(k for k in self.kinds if k in ATTENTION_KINDS)
+        if tuple(saved.get("gate_kinds", ())) == heads and heads != self.kinds:
+            return heads
+        return self.kinds
 
     def run(self, session) -> dict:
         from gatedprune.methods.gated_run import fit_and_ship
@@ -170,18 +179,22 @@ class GatedPruning(Method):
 
     def describe(self, state: nn.Module | None) -> dict:
         """The method's own settings for metrics.json (keys shared by all methods, None where they do not apply)."""
-        return {"l0_lambda": None, "penalty_normalisation": None, "target_heads": None}
+        return {"l0_lambda": None, "penalty_normalisation": None, "target_heads": None, "target_params": None}
 
 
 @dataclass
 class L0(GatedPruning):
-    """Cross-entropy + ``l0_lambda`` x the expected number of open heads (``penalty_normalisation``)."""
+    """Cross-entropy + ``l0_lambda`` x the expected number of open heads (``penalty_normalisation``), or of kept
+    parameters (``params``, the default once a kind other than attention heads is gated)."""
 
     l0_lambda: float = 0.1
-    penalty_normalisation: str = "layer_mean"
+    penalty_normalisation: str | None = None  # None: layer_mean for heads only, params once other kinds are gated
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.penalty_normalisation is None:
+            heads_only = all(kind in ATTENTION_KINDS for kind in self.kinds)
+            self.penalty_normalisation = "layer_mean" if heads_only else "params"
         if not self.l0_lambda >= 0:
             raise ValueError(f"pruning.l0_lambda={self.l0_lambda} is negative; allowed: a number >= 0")
         if self.penalty_normalisation not in PENALTY_NORMALISATIONS:
@@ -194,24 +207,38 @@ class L0(GatedPruning):
         return self.l0_lambda * penalty, {"train/penalty": penalty}
 
     def describe(self, state: nn.Module | None) -> dict:
-        return {"l0_lambda": self.l0_lambda, "penalty_normalisation": self.penalty_normalisation, "target_heads": None}
+        return {"l0_lambda": self.l0_lambda, "penalty_normalisation": self.penalty_normalisation, "target_heads": None,
+                "target_params": None}
 
 
 @dataclass
 class L0Budget(GatedPruning):
-    """An exact head budget: a count, a fraction of the gated heads, or ``{kind: count or fraction}``."""
+    """An exact budget: ``target_heads`` (a count, a fraction of the gated heads, or ``{kind: count or fraction}``;
+    half the heads when neither target is set), or ``target_params`` (the fraction of the non-embedding parameters
+    kept)."""
 
-    target_heads: int | float | dict = 0.5
+    target_heads: int | float | dict | None = None
+    target_params: float | None = None
     target_warmup_steps: int = 100  # gated steps over which the target ramps from all heads to its value
     lagrangian_lr: float = 0.05
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.target_heads is not None and self.target_params is not None:
+            raise ValueError(f"pruning.target_heads={self.target_heads} and pruning.target_params={self.target_params}: "
+                             "a budget takes one target; allowed: one of them, the other null")
+        if self.target_params is not None and (isinstance(self.target_params, bool) or not 0 < self.target_params < 1):
+            raise ValueError(f"pruning.target_params={self.target_params}; allowed: a fraction in (0, 1) of the "
+                             "non-embedding parameters to keep")
+        if self.target_heads is None and self.target_params is None:
+            self.target_heads = 0.5
         if self.target_warmup_steps < 0:  # a negative ramp would act as none without a word
             raise ValueError(f"pruning.target_warmup_steps={self.target_warmup_steps} is negative; allowed: an "
                              "integer >= 0")
 
-    def build(self, gates: HeadGates) -> HeadBudget:
+    def build(self, gates: HeadGates) -> HeadBudget | ParamBudget:
+        if self.target_params is not None:
+            return ParamBudget(gates, self.target_params, self.target_warmup_steps)
         return HeadBudget(gates, resolve_targets(self.target_heads, gates), self.target_warmup_steps)
 
     def param_groups(self, state: HeadBudget) -> list[dict]:
@@ -222,7 +249,9 @@ class L0Budget(GatedPruning):
         penalty = state(gated_step)
         return penalty, {"train/lagrangian": penalty, "train/lambda1": state.lambda1.sum()}
 
-    def export_rule(self, state: HeadBudget) -> tuple[str, dict]:
+    def export_rule(self, state: HeadBudget | ParamBudget) -> tuple[str, dict | int]:
+        if isinstance(state, ParamBudget):  # the most open structures whose parameters fit the target
+            return "params", state.kept_params_allowed
         return "top-k", state.targets  # the budget, met exactly per budget group
 
     def settles_from(self) -> int:
@@ -249,8 +278,11 @@ class L0Budget(GatedPruning):
             self.target_warmup_steps = gated_steps // 2
 
     def describe(self, state: HeadBudget | None) -> dict:
+        if self.target_params is not None:
+            return {"l0_lambda": None, "penalty_normalisation": None, "target_heads": None,
+                    "target_params": self.target_params}
         targets = state.targets if state is not None else self.target_heads
-        return {"l0_lambda": None, "penalty_normalisation": None, "target_heads": targets}
+        return {"l0_lambda": None, "penalty_normalisation": None, "target_heads": targets, "target_params": None}
 
 
 def method_settings(method: GatedPruning) -> dict:

@@ -65,7 +65,9 @@ class ExportError(RunFailed):
 # --- gates -> plan --------------------------------------------------------------------------------------------
 
 
-def _rule_name(rule: str, top_k: int | None) -> str:
+def _rule_name(rule: str, top_k: int | dict | None) -> str:
+    if rule == "params":
+        return f"params, at most {top_k:,} prunable parameters kept"
     return "binary" if rule == "binary" else f"top-k, k={top_k}"
 
 
@@ -170,7 +172,7 @@ def export_gated(
     The caller's model and gates are left as they are. Verification (float32, on ``sample_inputs``: a batch of
     tensors or (source, target) text pairs; random ids when None): the pruned model's logits within 1e-4 of the
     gated model with gates fixed to the plan, identical greedy generations, both reloading paths giving the
-    in-memory pruned model's logits, and the parameter count down by exactly the removed heads' parameters.
+    in-memory pruned model's logits, and the parameter count down by exactly the removed structures' parameters.
     Raises ``ExportError`` with the numbers (and writes nothing) if any check fails; returns the report.
     ``device`` runs the verification (None: the model's device); the exported weights are the same either way.
     ``checkpoint``: the file the gated model was read from (``file_record``), kept in the report.
@@ -183,15 +185,14 @@ def export_gated(
     if unconverged:
         log.warning(
             "gates have not converged: %d of %d deterministic gates lie strictly between 0 and 1",
-            unconverged, gates.num_heads,
+            unconverged, gates.num_gates,
         )
-    kept = sum(len(heads) for heads in plan.values())
-    log.info("rule %s keeps %d of %d gated heads and removes %d", rule_name, kept, gates.num_heads,
-             gates.num_heads - kept)
-    binary = gates.plan()
-    decided = sum(len(set(plan[path]) ^ set(binary[path])) for path in plan)  # heads where the rule overrode log_alpha > 0
+    alive, gated = gates.alive(plan), gates.heads_per_kind()
+    log.info("rule %s keeps %s", rule_name, ", ".join(f"{kind} {alive[kind]}/{gated[kind]}" for kind in gated))
+    binary = gates.plan(note=False)
+    decided = sum(len(set(plan[path]) ^ set(binary[path])) for path in plan)  # where the rule overrode log_alpha > 0
     if rule != "binary":
-        log.info("rule %s decided %d heads differently from the binary rule (log_alpha > 0)", rule_name, decided)
+        log.info("rule %s decided %d structures differently from the binary rule (log_alpha > 0)", rule_name, decided)
 
     save_dtype = next(model.parameters()).dtype
     work = _float32_copy(model, device)
@@ -256,9 +257,11 @@ def export_gated(
 def _verification_summary(report: dict) -> str:
     check = report["verification"]
     kept, total = report["heads_kept"]["total"]
+    others = {**report.get("units_kept", {}), **report.get("layers_kept", {})}
     return "\n".join([
         f"heads kept {kept}/{total} ("
-        + ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in report["heads_kept"].items() if k != "total") + ")",
+        + ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in report["heads_kept"].items() if k != "total") + ")"
+        + "".join(f"; {k} {v[0]}/{v[1]}" for k, v in others.items() if v[0] != v[1]),
         f"parameters {report['params_before']:,} -> {report['params_after']:,}; weights file "
         f"{export_dir.megabytes(report['file_size_before'])} -> {export_dir.megabytes(report['file_size_after'])}",
         f"verification on {check['inputs']}: max |logit diff| gated vs pruned {check['max_abs_logit_diff']:.3g} "

@@ -22,17 +22,18 @@ from torch import nn
 
 from gatedprune.errors import RunFailed
 from gatedprune.surgery import pruned_modeling
-from gatedprune.structures.adapters import ATTENTION_KINDS, attention_sites
+from gatedprune.structures.adapters import attention_sites
+from gatedprune.structures.kinds import ATTENTION_KINDS, KINDS, STACKS, layer_kind
 from gatedprune.versions import versions
 from gatedprune.surgery.pruned_modeling import CONFIG_KEY, upgrade_record
 from gatedprune.surgery.model_loading import auto_class, family_class
 from gatedprune.surgery.cut import count_parameters, plan_record, record_removed_parameters
+from gatedprune.surgery.record import current_record, model_ffn_sites
 
 log = logging.getLogger("gatedprune.export")
 
 MODELING_FILE = "modeling_gatedprune.py"
 REPORT_FILE = "export_report.json"
-KIND_TITLES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 
 
 def check_target(out_dir: Path, overwrite: bool) -> None:
@@ -171,31 +172,46 @@ def _source_model(model: nn.Module) -> str | None:
 
 
 def describe(model: transformers.PreTrainedModel, directory: Path, file_size_before: int | None = None) -> dict:
-    """Plan, head and parameter counts, file sizes of a pruned model saved in ``directory``."""
-    record = plan_record(model)
+    """Plan, kept structures and parameter counts, file sizes of a pruned model saved in ``directory``.
+
+    ``heads_kept`` (and ``units_kept``, ``layers_kept`` where the model has them) are ``[kept, before]`` per kind:
+    the heads and units of a dropped layer count as removed."""
+    record = current_record(model)
     removed = record_removed_parameters(model)
     params_after = count_parameters(model)
     size_after = weights_size(directory)
-    if file_size_before is None:  # the weights of the removed heads, at the saved precision
+    if file_size_before is None:  # the weights of the removed structures, at the saved precision
         file_size_before = size_after + removed * next(model.parameters()).element_size()
         measured = False
     else:
         measured = True
+    dropped = [entry for entries in record["dropped"].values() for entry in entries]
     heads = {
-        kind: [sum(len(kept) for kept in per_kind.values()), sum(record["num_heads"][p] for p in per_kind)]
+        kind: [sum(len(kept) for kept in per_kind.values()),
+               sum(record["num_heads"][p] for p in per_kind) + sum(e["heads"].get(kind, 0) for e in dropped)]
         for kind, per_kind in record["kept_heads"].items()
     }
+    units = {
+        kind: [sum(len(kept) for kept in per_kind.values()),
+               sum(record["num_units"][p] for p in per_kind) + sum(e["units"].get(kind, 0) for e in dropped)]
+        for kind, per_kind in record["kept_units"].items()
+    }
+    layers = {layer_kind(stack): [len(kept), record["num_layers"][stack]] for stack, kept in record["kept_layers"].items()}
     return {
         **_grouped(record),
         "rule": record["rule"],
         "source_model": _source_model(model),
         "heads_kept": {"total": [sum(k for k, _ in heads.values()), sum(n for _, n in heads.values())], **heads},
+        "units_kept": units,
+        "layers_kept": layers,
         "params_before": params_after + removed,
         "params_after": params_after,
         "file_size_before": file_size_before,
         "file_size_before_measured": measured,
         "file_size_after": size_after,
         "plan": {kind: dict(per_kind) for kind, per_kind in record["kept_heads"].items()},
+        "plan_units": {kind: dict(per_kind) for kind, per_kind in record["kept_units"].items()},
+        "plan_layers": dict(record["kept_layers"]),
         "versions": versions(),
     }
 
@@ -213,18 +229,39 @@ def _grouped(record: dict) -> dict:
     }
 
 
-def _plan_table(model: nn.Module, heads_kept: dict[str, list[int]]) -> str:
-    record = plan_record(model)
-    cells: dict[int, dict[str, str]] = {}
-    for site in attention_sites(model):
-        kept, total = record["kept_heads"][site.kind][site.path], record["num_heads"][site.path]
-        listed = "all" if len(kept) == total else ("none" if not kept else ", ".join(map(str, kept)))
-        cells.setdefault(site.layer, {})[site.kind] = f"{len(kept)}/{total} ({listed})"
-    kinds = [k for k in ATTENTION_KINDS if k in record["kept_heads"]]
-    lines = ["| layer | " + " | ".join(KIND_TITLES[k] for k in kinds) + " |", "|---:|" + "---|" * len(kinds)]
-    for layer in sorted(cells):
-        lines.append(f"| {layer} | " + " | ".join(cells[layer].get(k, "-") for k in kinds) + " |")
-    lines.append("| all | " + " | ".join(f"{heads_kept[k][0]}/{heads_kept[k][1]}" for k in kinds) + " |")
+def _listed(kept: list[int], total: int) -> str:
+    return "all" if len(kept) == total else ("none" if not kept else ", ".join(map(str, kept)))
+
+
+def _plan_table(model: nn.Module, report: dict) -> str:
+    """Per stack and original layer: whether it is there, the heads of each attention kind, the FFN width."""
+    record = current_record(model)
+    lines = []
+    for stack in STACKS:
+        kinds = [k for k in ATTENTION_KINDS if KINDS[k].stack == stack and k in record["kept_heads"]]
+        cells: dict[int, dict[str, str]] = {}
+        for site in attention_sites(model):
+            if site.kind in kinds:
+                kept, total = record["kept_heads"][site.kind][site.path], record["num_heads"][site.path]
+                cells.setdefault(site.layer, {})[site.kind] = f"{len(kept)}/{total} ({_listed(kept, total)})"
+        widths = {site.layer: f"{site.width}/{record['num_units'].get(site.path, site.width)}"
+                  for site in model_ffn_sites(model) if KINDS[site.kind].stack == stack}
+        header = ["layer", "present", *(KINDS[k].title for k in kinds), "FFN width"]
+        lines += [f"**{stack}**", "", "| " + " | ".join(header) + " |", "|---:|---|" + "---|" * (len(kinds) + 1)]
+        present = record["kept_layers"].get(stack, [])
+        gone = {e["layer"] for e in record["dropped"].get(stack, [])}
+        for original in range(record["num_layers"].get(stack, len(present))):
+            if original in gone or original not in present:
+                lines.append(f"| {original} | removed | " + " | ".join("-" for _ in kinds) + " | - |")
+                continue
+            j = present.index(original)
+            lines.append(f"| {original} | yes | " + " | ".join(cells.get(j, {}).get(k, "-") for k in kinds)
+                         + f" | {widths.get(j, '-')} |")
+        lines.append("")
+    kept = report["heads_kept"]
+    lines.append("Heads in all: " + ", ".join(f"{k} {kept[k][0]}/{kept[k][1]}" for k in ATTENTION_KINDS if k in kept)
+                 + "".join(f"; {KINDS[k].title} {v[0]}/{v[1]}" for k, v in {**report.get("units_kept", {}),
+                                                                            **report.get("layers_kept", {})}.items()))
     return "\n".join(lines)
 
 
@@ -251,13 +288,14 @@ def _model_card(model: nn.Module, report: dict) -> str:
     lines = [
         "---",
         "library_name: transformers",
-        "tags: [gatedprune, pruned, head-pruning]",
+        "tags: [gatedprune, pruned, structured-pruning]",
         "---",
         "",
-        f"# {report['source_model'] or model.config.model_type}, attention heads pruned with gatedprune",
+        f"# {report['source_model'] or model.config.model_type}, pruned with gatedprune",
         "",
-        f"{kept} of {total} attention heads kept (rule: {report['rule'] or 'hand-written plan'}). Heads are",
-        "removed physically: q/k/v rows and output-projection columns are gone, head counts differ per layer.",
+        f"{kept} of {total} attention heads kept (rule: {report['rule'] or 'hand-written plan'}). Structures are",
+        "removed physically: a head's q/k/v rows and output-projection columns, a feed-forward unit's rows and",
+        "column, a layer from its stack; head counts and FFN widths differ per layer.",
         "",
         *_grouped_lines(report),
         "## Load",
@@ -270,9 +308,9 @@ def _model_card(model: nn.Module, report: dict) -> str:
         "model = AutoModelForSeq2SeqLM.from_pretrained(path, trust_remote_code=True)",
         "```",
         "",
-        "## Heads kept per layer (kept/total (indices))",
+        "## Kept per layer: heads kept/total (indices), FFN units kept/total",
         "",
-        _plan_table(model, report["heads_kept"]),
+        _plan_table(model, report),
         "",
         "## Size",
         "",
@@ -294,7 +332,7 @@ def _model_card(model: nn.Module, report: dict) -> str:
             f"- max |logit difference|: {check['max_abs_logit_diff']:.3g} (must be < {check['tolerance']:g})",
             f"- greedy generations ({check['max_new_tokens']} new tokens) identical: {check['greedy_identical']}",
             f"- reloaded vs in-memory pruned, max |logit difference|: {reload_diffs(check)}",
-            f"- parameters after = before - removed heads' parameters: {check['params_match']}",
+            f"- parameters after = before - removed structures' parameters: {check['params_match']}",
         ]
         if report.get("unconverged_gates"):
             lines.append(f"- gates not converged (deterministic gate strictly between 0 and 1): "

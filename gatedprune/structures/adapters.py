@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from gatedprune.surgery.pruned_modeling import attr
+from gatedprune.structures.kinds import ATTENTION_KINDS, check_kinds  # noqa: F401  (check_kinds: API)
+from gatedprune.surgery.pruned_modeling import CONFIG_KEY, attr
 
-ATTENTION_KINDS = ("encoder", "decoder", "cross")
 PIN_KEY = "gatedprune_layout"  # config attribute holding a user-pinned layout (travels in config.json)
 
 
@@ -45,6 +45,7 @@ class Layout:
     group_attr: str | None = "num_key_value_groups"  # query heads per key/value head (grouped-query attention)
     inner_dim_attr: str | None = None  # attribute holding heads * head_dim, if the family keeps one
     position_bias_attr: str | None = None  # relative position bias embedding (buckets, heads), if any
+    bias_flag_attr: str | None = None  # attribute saying which attention module owns a shared position bias
 
 
 _SELF = ("self_attn", "self_attention", "attention")
@@ -63,6 +64,7 @@ LAYOUTS: dict[str, Layout] = {
         Layout(
             "t5-like", "q", "k", "v", "o", "key_value_proj_dim", ("layer.0.SelfAttention",), ("layer.1.EncDecAttention",),
             count_attrs=("n_heads",), inner_dim_attr="inner_dim", position_bias_attr="relative_attention_bias",
+            bias_flag_attr="has_relative_attention_bias",
         ),
     )
 }
@@ -191,6 +193,23 @@ def _pinned_layout(pin: dict) -> Layout:
     return dataclasses.replace(LAYOUTS[pin["base"]], name=f"{pin['base']} (pinned)", **changes)
 
 
+def _emptied_stacks(model: nn.Module, layouts: list[Layout]) -> dict:
+    """The stacks a plan removed every layer of (an encoder), as the plan record on the config describes them: an
+    empty ModuleList matches no layout, so the record says what it held."""
+    record = getattr(getattr(model, "config", None), CONFIG_KEY, None) or {}
+    found = {}
+    for stack, described in (record.get("layout") or {}).items():
+        path = described.get("layers")
+        try:
+            module = model.get_submodule(path) if path else None
+        except AttributeError:
+            continue
+        if isinstance(module, nn.ModuleList) and len(module) == 0:
+            layout = next((l for l in layouts if l.name == described.get("name")), layouts[0])
+            found[stack] = (layout, path, (described["self_attention"], described.get("cross_attention")))
+    return found
+
+
 def probe(model: nn.Module) -> Structure:
     """The attention structure of ``model``, by matching its modules against ``LAYOUTS`` (or the pinned layout)."""
     pin = _pinned(model)
@@ -205,6 +224,9 @@ def probe(model: nn.Module) -> Structure:
             for path in paths:
                 for layer in model.get_submodule(path):
                     placed.update(id(layer.get_submodule(n)) for n in inner[path] if n is not None)
+    for stack, (layout, path, inner) in _emptied_stacks(model, layouts).items():
+        if not found[stack]:
+            found[stack].append((layout, path, inner))
     name = type(model).__name__
     advice = "pin a layout (gatedprune.structures.adapters.pin_layout, or model.layout in the config) if one fits"
     encoders, decoders = ([path for _, path, _ in found[stack]] for stack in ("encoder", "decoder"))
@@ -242,6 +264,8 @@ def probe(model: nn.Module) -> Structure:
     for kind, (stack, path) in attention.items():
         layout = layouts[stack]
         modules = [layer.get_submodule(path) for layer in model.get_submodule(layers[stack])]
+        if not modules:  # a stack every layer of which a plan removed
+            continue
         owners = [isinstance(getattr(m, layout.position_bias_attr or "", None), nn.Module) for m in modules]
         if owners[0] and kind != "cross":
             variant = "per-layer" if all(owners) else "shared" if not any(owners[1:]) else None
@@ -291,25 +315,38 @@ class AttentionSite:
         """``name`` is one of "q", "k", "v", "o"."""
         return attr(self.module, getattr(self.layout, name))
 
+    @property
+    def num_units(self) -> int:
+        return self.num_heads
 
-def check_kinds(kinds) -> tuple[str, ...]:
-    """Validate a list of attention kinds; returns them as a tuple in canonical order."""
-    if isinstance(kinds, str):
-        kinds = (kinds,)
-    kinds = tuple(kinds)
-    if not kinds:  # nothing would be gated or pruned: not an unknown kind, a missing one
-        raise ValueError(f"pruning.kinds=[]; allowed: one or more of {', '.join(ATTENTION_KINDS)}")
-    unknown = [k for k in kinds if k not in ATTENTION_KINDS]
-    if unknown:
-        raise ValueError(f"unknown attention kind(s) {unknown}; allowed: {', '.join(ATTENTION_KINDS)}")
-    return tuple(k for k in ATTENTION_KINDS if k in kinds)
+    def unit_parameters(self) -> float:
+        """Parameters one query head owns (its q rows, output columns, own bias column), with its share of a
+        key/value head's k and v rows: what the expected kept size counts per head."""
+        q, o = self.projection("q"), self.projection("o")
+        per_query = self.head_dim * (q.in_features + (q.bias is not None) + o.out_features)
+        if self.own_position_bias:
+            per_query += getattr(self.module, self.layout.position_bias_attr).num_embeddings
+        per_kv = sum(self.head_dim * (p.in_features + (p.bias is not None)) for p in map(self.projection, "kv"))
+        return per_query + per_kv * self.num_kv_heads / max(1, self.num_heads)  # 0: a module left without heads
+
+    def attach(self, value):
+        """Gate the heads: the output projection's input (B, T, H*D), head-major (head h is [h*D, (h+1)*D)), times
+        ``value(training)`` (H,), before W_O (Voita et al. 2019)."""
+        head_dim = self.head_dim
+
+        def hook(o_proj: nn.Module, args: tuple) -> tuple:
+            (x, *rest) = args  # (B, T, H*D)
+            g = value(o_proj.training).to(x.dtype)  # (H,)
+            return ((x.unflatten(-1, (-1, head_dim)) * g[:, None]).flatten(-2), *rest)
+
+        return [self.projection("o").register_forward_pre_hook(hook)]
 
 
 def attention_sites(model: nn.Module, kinds=ATTENTION_KINDS) -> list[AttentionSite]:
     """Every attention module of the requested kinds, in (kind, layer) order."""
     structure = probe(model)
     sites = []
-    for kind in check_kinds(kinds):
+    for kind in (k for k in check_kinds(kinds) if k in ATTENTION_KINDS):
         stack, inner = structure.attention[kind]
         layers_path = structure.layers[stack]
         for i in range(len(model.get_submodule(layers_path))):

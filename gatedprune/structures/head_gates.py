@@ -1,9 +1,11 @@
-"""Attach hard-concrete head gates to a Hugging Face seq2seq model.
+"""Attach hard-concrete gates to a Hugging Face seq2seq model: on heads, feed-forward units and whole layers.
 
-Each gated attention module gets a forward pre-hook on its output projection. The projection's input is
-the concatenation of the heads' outputs, head-major: head h is the slice [h*D, (h+1)*D) of the last
-dimension, so multiplying that slice by g_h gates head h before W_O (Voita et al. 2019). This works for
-every family and attention implementation (eager, sdpa), unlike ``head_mask``, which transformers v5 ignores.
+Each site (``gatedprune.structures.sites``) hooks its own gate in: a head's on the attention output before the
+output projection (Voita et al. 2019), a unit's on the feed-forward block's inner activation, a layer's on the
+layer's output (``x + z * (layer(x) - x)``). This works for every family and attention implementation, unlike
+``head_mask``, which transformers v5 ignores. The nesting lives in the cost, not in the hooks: a head or unit inside
+a gated layer is kept only if its layer is, so its expected contribution is the product of the P(open) along the
+path (CoFiPruning's expected model size), and a plan drops what lies inside a dropped layer.
 """
 
 from __future__ import annotations
@@ -14,40 +16,55 @@ from collections import Counter
 import torch
 from torch import nn
 
-from gatedprune.structures.adapters import ATTENTION_KINDS, AttentionSite, attention_sites, check_kinds
+from gatedprune.structures.adapters import probe
 from gatedprune.structures.hard_concrete import GATE_MODES, GateOptions, HardConcreteGate
+from gatedprune.structures.kinds import ALL_KINDS, ATTENTION_KINDS, KINDS, check_kinds
+from gatedprune.structures.sites import structure_sites
 
-PENALTY_NORMALISATIONS = ("layer_mean", "sum", "head_mean")
+PENALTY_NORMALISATIONS = ("layer_mean", "sum", "head_mean", "params")
 RULES = ("binary", "top-k")  # how gates become a plan: log_alpha > 0, or the k largest log_alpha
+# and, for a parameter budget: the most open structures whose parameters fit (top_k: the prunable parameters kept)
+PLAN_RULES = (*RULES, "params")
 
 
 class HeadGates(nn.Module):
-    """The gates of one model: a ``HardConcreteGate`` per attention module, hooked into its output projection.
+    """The gates of one model: a ``HardConcreteGate`` per site (attention module, feed-forward block or layer).
 
-    ``log_alpha`` of site i is ``self.gates[i].log_alpha``; ``self.paths[i]`` names its attention module.
+    ``log_alpha`` of site i is ``self.gates[i].log_alpha``; ``self.paths[i]`` names its module. A feed-forward gate
+    covers ``ffn_group`` contiguous units. "total" counts attention heads, as it always has.
     """
 
-    def __init__(self, sites: list[AttentionSite], options: GateOptions):
+    def __init__(self, sites: list, options: GateOptions, ffn_group: int = 1):
         super().__init__()
         self.options = options
         self.paths = [s.path for s in sites]
         self.kinds = [s.kind for s in sites]
         self.layers = [s.layer for s in sites]
-        self.gates = nn.ModuleList(HardConcreteGate(s.num_heads, options) for s in sites)
+        self.structures = [KINDS[k].structure for k in self.kinds]
+        self.stacks = [KINDS[k].stack for k in self.kinds]
+        self.group_sizes = [ffn_group if st == "units" else 1 for st in self.structures]
+        for site, size in zip(sites, self.group_sizes):
+            if site.num_units % size:
+                raise ValueError(f"pruning.ffn_group={size}: {site.path} has {site.num_units} units, not a multiple "
+                                 f"of {size}; allowed: a divisor of every gated feed-forward width")
+        self.layers_paths = {s.kind: s.layers_path for s in sites if KINDS[s.kind].structure == "layer"}
+        self.gates = nn.ModuleList(HardConcreteGate(s.num_units // g, options) for s, g in zip(sites, self.group_sizes))
         self.mode = "sample"
-        self._handles = [
-            site.projection("o").register_forward_pre_hook(self._make_hook(gate, site.head_dim))
-            for site, gate in zip(sites, self.gates)
-        ]
+        # the layer gate whose layer holds site i (None: its layer is not gated, or it is a layer)
+        layer_gate = {(self.stacks[i], self.layers[i]): i for i, st in enumerate(self.structures) if st == "layer"}
+        self.outer = [None if st == "layer" else layer_gate.get((self.stacks[i], self.layers[i]))
+                      for i, st in enumerate(self.structures)]
+        self._cost = _Costs(sites, self)
+        self._handles = [handle for i, site in enumerate(sites) for handle in site.attach(self._value(i))]
 
-    def _make_hook(self, gate: HardConcreteGate, head_dim: int):
-        def hook(o_proj: nn.Module, args: tuple) -> tuple:
-            (x, *rest) = args  # x: (B, T, H*D), head-major
-            g = gate.value(self.mode, o_proj.training).to(x.dtype)  # (H,)
-            x = (x.unflatten(-1, (-1, head_dim)) * g[:, None]).flatten(-2)
-            return (x, *rest)
+    def _value(self, i: int):
+        gate, size = self.gates[i], self.group_sizes[i]
 
-        return hook
+        def value(training: bool) -> torch.Tensor:
+            g = gate.value(self.mode, training)  # (G,)
+            return g.repeat_interleave(size) if size > 1 else g  # (units,)
+
+        return value
 
     def set_mode(self, mode: str) -> "HeadGates":
         """"sample" (noise while training, deterministic in eval), "deterministic", "binary" or "open" (all 1)."""
@@ -68,22 +85,39 @@ class HeadGates(nn.Module):
             handle.remove()
         self._handles = []
 
-    def expected_open(self, group: str = "total") -> torch.Tensor:
-        """Expected number of open heads of a group ("total" or a kind): sum of P(open) (differentiable scalar)."""
-        return torch.stack([self.gates[i].p_open().sum() for i in self.group(group)]).sum()
+    # ---- nesting: P(open) of a structure and of everything that holds it ------------------------------------------
+    def p_open_nested(self, i: int) -> torch.Tensor:
+        """P(open) of site i's gates times its layer's, where that layer is gated.  # (G,)"""
+        p = self.gates[i].p_open()
+        return p * self.gates[self.outer[i]].p_open() if self.outer[i] is not None else p
 
-    # ---- one flat view of every gated head: (path, kind, layer, head) -----------------------------------------
+    def expected_open(self, group: str = "total") -> torch.Tensor:
+        """Expected number of open structures of a group ("total": heads; or a kind), nesting-aware: a head of a gated
+        layer counts P(head) x P(layer); units are counted one by one (a gate of ``ffn_group`` counts that many)."""
+        return torch.stack([self.p_open_nested(i).sum() * self.group_sizes[i] for i in self.group(group)]).sum()
+
+    def expected_params(self) -> torch.Tensor:
+        """Expected number of kept prunable parameters (differentiable; see ``_Costs``)."""
+        return self._cost.expected(self)
+
+    @property
+    def prunable_params(self) -> int:
+        """Parameters the gates can remove: whole gated layers, and the gated units of the other layers."""
+        return self._cost.prunable
+
+    # ---- one flat view of every gate: (path, kind, layer, index) -------------------------------------------------
     def group(self, group: str) -> list[int]:
-        """The sites of a budget group: "total" (all) or one attention kind; ``ValueError`` for a kind not gated."""
+        """The sites of a budget group: "total" (every attention kind) or one kind; ``ValueError`` for one not gated."""
         if group != "total" and group not in self.kinds:
-            allowed = ", ".join(k for k in ATTENTION_KINDS if k in self.kinds)
-            raise ValueError(f"{group!r} is not a gated attention kind; allowed: total, {allowed}")
-        return [i for i, kind in enumerate(self.kinds) if group in ("total", kind)]
+            allowed = ", ".join(k for k in ALL_KINDS if k in self.kinds)
+            raise ValueError(f"{group!r} is not a gated kind; allowed: total, {allowed}")
+        return [i for i, kind in enumerate(self.kinds)
+                if (group == "total" and kind in ATTENTION_KINDS) or kind == group]
 
     def index(self) -> list[tuple[str, str, int, int]]:
-        """(path, kind, layer, head) of every gated head, in the order of ``log_alpha()``."""
-        return [(path, kind, layer, head) for path, kind, layer, gate in zip(self.paths, self.kinds, self.layers, self.gates)
-                for head in range(gate.num_heads)]
+        """(path, kind, layer, index) of every gate, in the order of ``log_alpha()``."""
+        return [(path, kind, layer, j) for path, kind, layer, gate in zip(self.paths, self.kinds, self.layers, self.gates)
+                for j in range(gate.num_heads)]
 
     @torch.no_grad()
     def log_alpha(self) -> torch.Tensor:
@@ -91,11 +125,11 @@ class HeadGates(nn.Module):
         return torch.cat([gate.log_alpha.detach().cpu() for gate in self.gates])
 
     def per_site(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """A flat per-head tensor (N,) cut back into one (H,) tensor per site."""
+        """A flat per-gate tensor (N,) cut back into one (G,) tensor per site."""
         return list(flat.split([gate.num_heads for gate in self.gates]))
 
     def by_kind(self, values: list[torch.Tensor]) -> dict[str, list[tuple[int, torch.Tensor]]]:
-        """Per-site values regrouped: ``{kind: [(layer, values of that site), ...]}`` (a layer x head picture)."""
+        """Per-site values regrouped: ``{kind: [(layer, values of that site), ...]}`` (a layer x unit picture)."""
         out: dict[str, list] = {}
         for kind, layer, value in zip(self.kinds, self.layers, values):
             out.setdefault(kind, []).append((layer, value))
@@ -110,83 +144,142 @@ class HeadGates(nn.Module):
     def penalty(self, normalisation: str = "layer_mean") -> torch.Tensor:
         """The L0 penalty that multiplies lambda.
 
-        - ``layer_mean`` (Voita et al.'s code): per-layer sum of P(open), averaged over gated layers
-        - ``sum`` (Voita et al.'s paper formula): sum of P(open) over all gated heads
-        - ``head_mean``: mean of P(open) over all gated heads (the expected fraction of heads open)
+        - ``layer_mean`` (Voita et al.'s code): per-site sum of P(open), averaged over gated sites
+        - ``sum`` (Voita et al.'s paper formula): sum of P(open) over all gates
+        - ``head_mean``: mean of P(open) over all gates (the expected fraction open)
+        - ``params``: expected kept prunable parameters / prunable parameters, nesting-aware (lambda trades
+          parameters, not counts: the default once a kind other than heads is gated)
         """
-        per_layer = torch.stack([g.p_open().sum() for g in self.gates])  # (L,)
+        if normalisation == "params":
+            return self.expected_params() / self.prunable_params
+        per_site = torch.stack([g.p_open().sum() for g in self.gates])  # (L,)
         if normalisation == "layer_mean":
-            return per_layer.mean()
+            return per_site.mean()
         if normalisation == "sum":
-            return per_layer.sum()
+            return per_site.sum()
         if normalisation == "head_mean":
-            return per_layer.sum() / self.num_heads
+            return per_site.sum() / self.num_gates
         raise ValueError(
             f"unknown penalty normalisation {normalisation!r}; allowed: {', '.join(PENALTY_NORMALISATIONS)}"
         )
 
     @property
     def num_heads(self) -> int:
+        """Gated attention heads."""
+        return sum(g.num_heads for g, kind in zip(self.gates, self.kinds) if kind in ATTENTION_KINDS)
+
+    @property
+    def num_gates(self) -> int:
         return sum(g.num_heads for g in self.gates)
 
     def kept(self, site: int) -> list[int]:
-        """Head indices of site ``site`` that the binary rule keeps."""
+        """Gate indices of site ``site`` that the binary rule keeps (log_alpha > 0)."""
         return torch.nonzero(self.gates[site].binary()).flatten().tolist()
 
-    def plan(self, rule: str = "binary", top_k: int | dict[str, int] | None = None) -> dict[str, list[int]]:
-        """``{attention module path: sorted kept head indices}`` under a rule.
-
-        - ``binary`` (Voita et al.): the heads with ``log_alpha > 0``;
-        - ``top-k``: the ``top_k`` heads with the largest ``log_alpha`` overall, or per budget group with
-          ``top_k={kind: k}`` (kinds it does not name follow the binary rule). Ties: the earlier head wins.
-        """
-        if rule not in RULES:
+    # ---- gates -> plan ---------------------------------------------------------------------------------------------
+    def keep_mask(self, rule: str = "binary", top_k: int | dict[str, int] | None = None) -> torch.Tensor:
+        """Which gates a rule keeps, flat (N,), before nesting: ``binary`` keeps log_alpha > 0 (Voita et al.);
+        ``top-k`` the ``top_k`` largest log_alpha of "total" (the heads), or per group with ``{kind: k}`` (k counts
+        gates; groups it does not name follow the binary rule). Ties: the earlier gate wins."""
+        if rule not in PLAN_RULES:
             raise ValueError(f"unknown gate rule {rule!r}; allowed: {', '.join(RULES)}")
+        if rule == "params":
+            return self._cost.within(self, top_k)
+        keep = torch.cat([gate.binary().detach().cpu().bool() for gate in self.gates])  # (N,)
         if rule == "binary":
             if top_k is not None:
                 raise ValueError("top_k is only used by rule='top-k'")
-            return {path: self.kept(i) for i, path in enumerate(self.paths)}
+            return keep
         scores = self.log_alpha()  # (N,)
-        keep = torch.cat([gate.binary().detach().cpu().bool() for gate in self.gates])  # (N,)
-        site_of_head = torch.repeat_interleave(torch.tensor([g.num_heads for g in self.gates]))  # (N,)
+        site_of_gate = torch.repeat_interleave(torch.tensor([g.num_heads for g in self.gates]))  # (N,)
         for group, k in (dict(top_k) if isinstance(top_k, dict) else {"total": top_k}).items():
-            members = torch.nonzero(torch.isin(site_of_head, torch.tensor(self.group(group)))).flatten()
+            members = torch.nonzero(torch.isin(site_of_gate, torch.tensor(self.group(group)))).flatten()
             if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= len(members):
-                raise ValueError(f"rule 'top-k' needs 0 <= top_k <= {len(members)} (the gated heads of {group}), got {k!r}")
+                raise ValueError(f"rule 'top-k' needs 0 <= top_k <= {len(members)} (the gates of {group}), got {k!r}")
             ranked = members[torch.argsort(scores[members], descending=True, stable=True)]
             keep[ranked] = False
             keep[ranked[:k]] = True
-        return {path: torch.nonzero(k).flatten().tolist() for path, k in zip(self.paths, self.per_site(keep))}
+        return keep
+
+    def plan(self, rule: str = "binary", top_k: int | dict[str, int] | None = None, keep=None,
+             note: bool = True) -> dict[str, list[int]]:
+        """The plan a rule keeps (see ``keep_mask``; ``keep``: a flat mask decided elsewhere):
+        ``{attention module path: kept heads, feed-forward output projection path: kept units, stack's layers path:
+        kept layers}``. A decoder whose every layer gate is closed keeps its most open layer, and says so."""
+        keep = self.keep_mask(rule, top_k) if keep is None else keep.clone()
+        per_site = self.per_site(keep)
+        for kind, path in self.layers_paths.items():
+            sites = [i for i, k in enumerate(self.kinds) if k == kind]
+            if KINDS[kind].stack == "decoder" and not any(per_site[i].item() for i in sites):
+                best = max(sites, key=lambda i: self.gates[i].log_alpha.item())
+                per_site[best][0] = True
+                if note:
+                    print(f"note: every decoder layer gate is closed; the plan keeps the most open one, layer "
+                          f"{self.layers[best]} (log_alpha {self.gates[best].log_alpha.item():.3f})")
+        plan: dict[str, list[int]] = {}
+        for i, kept in enumerate(per_site):
+            if self.structures[i] == "layer":
+                plan.setdefault(self.layers_paths[self.kinds[i]], [])
+                if kept.item():
+                    plan[self.layers_paths[self.kinds[i]]].append(self.layers[i])
+            else:
+                size = self.group_sizes[i]
+                plan[self.paths[i]] = [g * size + j for g in torch.nonzero(kept).flatten().tolist() for j in range(size)]
+        return plan
+
+    def dropped(self, plan: dict) -> set[tuple[str, int]]:
+        """(stack, layer) of the layers a plan drops."""
+        return {(self.stacks[i], self.layers[i]) for i, st in enumerate(self.structures)
+                if st == "layer" and self.layers[i] not in plan.get(self.layers_paths[self.kinds[i]], [self.layers[i]])}
 
     @torch.no_grad()
     def fix_(self, plan: dict[str, list[int]]) -> "HeadGates":
         """Set the gates so that the binary rule keeps exactly ``plan`` (sites it does not name: unchanged), at
-        log_alpha -10 or 10: settled, so each deterministic gate is 0 or 1 too (with the default stretch)."""
-        for path, gate in zip(self.paths, self.gates):
-            if path in plan:
+        log_alpha -10 or 10: settled, so each deterministic gate is 0 or 1 too (with the default stretch). A
+        feed-forward gate is open when all its units are in the plan."""
+        for i, (path, gate) in enumerate(zip(self.paths, self.gates)):
+            if self.structures[i] == "layer":
+                layers = plan.get(self.layers_paths[self.kinds[i]])
+                if layers is not None:
+                    gate.log_alpha.fill_(10.0 if self.layers[i] in layers else -10.0)
+            elif path in plan:
+                size, kept = self.group_sizes[i], set(plan[path])
+                open_ = [g for g in range(gate.num_heads) if all(g * size + j in kept for j in range(size))]
                 gate.log_alpha.fill_(-10.0)
-                gate.log_alpha[plan[path]] = 10.0
+                gate.log_alpha[open_] = 10.0
         return self
 
+    # ---- counts per kind -------------------------------------------------------------------------------------------
     def _per_kind(self, per_site: list) -> dict:
-        """Numbers given per site (gated module), summed per attention kind and in total."""
+        """Numbers given per site, summed per kind; "total" sums the attention kinds (heads)."""
         sums = Counter()
         for kind, value in zip(self.kinds, per_site):
             sums[kind] += value
-        return {"total": sum(per_site), **{k: sums[k] for k in ATTENTION_KINDS if k in sums}}
+        return {"total": sum(sums[k] for k in ATTENTION_KINDS), **{k: sums[k] for k in ALL_KINDS if k in sums}}
 
     def heads_per_kind(self) -> dict[str, int]:
-        """All gated heads, per kind and in total."""
-        return self._per_kind([gate.num_heads for gate in self.gates])
+        """Every gated structure per kind (heads, units, layers), and the heads in total."""
+        return self._per_kind([gate.num_heads * size for gate, size in zip(self.gates, self.group_sizes)])
 
     def heads_alive(self) -> dict[str, int]:
-        """Binary-rule open heads per kind, and in total."""
-        return self._per_kind([len(self.kept(i)) for i in range(len(self.gates))])
+        """What the binary rule keeps per kind (a head or unit of a dropped layer is not kept), heads in total."""
+        return self.alive(self.plan(note=False))
+
+    def alive(self, plan: dict) -> dict[str, int]:
+        """Structures a plan keeps per kind, nesting-aware, and the heads in total."""
+        dropped = self.dropped(plan)
+        counts = []
+        for i, path in enumerate(self.paths):
+            if self.structures[i] == "layer":
+                counts.append(int(self.layers[i] in plan.get(self.layers_paths[self.kinds[i]], [])))
+            else:
+                counts.append(0 if (self.stacks[i], self.layers[i]) in dropped else len(plan.get(path, [])))
+        return self._per_kind(counts)
 
     @torch.no_grad()
     def expected_open_per_kind(self) -> dict[str, float]:
-        """Sum of P(open) per kind, and in total."""
-        return self._per_kind([gate.p_open().sum().item() for gate in self.gates])
+        """Nesting-aware sum of P(open) per kind, and the heads in total."""
+        return self._per_kind([(self.p_open_nested(i).sum() * self.group_sizes[i]).item() for i in range(len(self.gates))])
 
     @torch.no_grad()
     def clamp_(self) -> None:
@@ -195,7 +288,7 @@ class HeadGates(nn.Module):
 
     def extra_repr(self) -> str:
         counts = Counter(self.kinds)
-        return ", ".join(f"{k}: {counts[k]} layers" for k in ATTENTION_KINDS if k in counts) + f", {self.num_heads} heads"
+        return ", ".join(f"{k}: {counts[k]} sites" for k in ALL_KINDS if k in counts) + f", {self.num_gates} gates"
 
     # the site layout travels with the weights, so a checkpoint says which module each gate belongs to
     def get_extra_state(self) -> dict:
@@ -208,12 +301,84 @@ class HeadGates(nn.Module):
             )
 
 
-def attach_gates(model: nn.Module, kinds=ATTENTION_KINDS, **gate_options) -> HeadGates:
-    """Gate every head of the given attention kinds of ``model``; returns the module holding the gates.
+class _Costs:
+    """The expected kept size of a gated model, nesting-aware (CoFiPruning's expected model size).
 
-    ``gate_options`` are the fields of ``GateOptions`` (temperature, stretch, eps, init_log_alpha, log_alpha_range).
+    Per layer L of a stack, with P(L) = 1 where the layer is not gated:
+        E_L = P(L) * (fixed_L + sum over gated sites s in L of sum_g P(open_g) * params_g)
+    where params_g is what gate g removes (a head's q/k/v/o share, ``ffn_group`` units' rows and column) and fixed_L
+    the rest of L (norms, biases, ungated structures); fixed_L counts only when L is gated, since only then can it
+    go. prunable = sum over gated layers of their parameters + sum over the other layers of their gated units'.
+    """
+
+    def __init__(self, sites: list, gates: HeadGates):
+        self.unit = [float(s.unit_parameters() * size) for s, size in zip(sites, gates.group_sizes)]
+        self.fixed: dict[int, float] = {}  # layer gate -> fixed_L
+        self.prunable = 0
+        for i, site in enumerate(sites):
+            if gates.structures[i] == "layer":
+                inner = sum(self.unit[j] * gates.gates[j].num_heads for j in range(len(sites)) if gates.outer[j] == i)
+                self.fixed[i] = site.unit_parameters() - inner
+                self.prunable += site.unit_parameters()
+            elif gates.outer[i] is None:
+                self.prunable += int(round(self.unit[i] * gates.gates[i].num_heads))
+
+    @torch.no_grad()
+    def within(self, gates: HeadGates, allowed: int) -> torch.Tensor:
+        """The flat keep mask (N,) of the most open structures whose kept prunable parameters do not exceed
+        ``allowed``: gates are taken by log_alpha, largest first, a head or unit ranked no higher than its layer (it
+        is kept only with it); a layer costs its fixed part, its content is paid for gate by gate. One that does not
+        fit is passed over for smaller ones after it."""
+        scores = gates.per_site(gates.log_alpha())
+        order = []  # (score, site, gate)
+        for i, score in enumerate(scores):
+            outer = gates.outer[i]
+            for j, value in enumerate(score.tolist()):
+                order.append((min(value, scores[outer].item()) if outer is not None else value, i, j))
+        order.sort(key=lambda e: (-e[0], gates.structures[e[1]] != "layer"))  # a layer before its content; stable
+        keep = [torch.zeros(len(s), dtype=torch.bool) for s in scores]
+        spent = 0.0
+        for _, i, j in order:
+            outer = gates.outer[i]
+            if outer is not None and not keep[outer][0]:
+                continue  # its layer did not fit
+            cost = self.fixed[i] if gates.structures[i] == "layer" else self.unit[i]
+            if spent + cost <= allowed:
+                keep[i][j] = True
+                spent += cost
+        return torch.cat(keep)
+
+    def expected(self, gates: HeadGates) -> torch.Tensor:
+        inner = {i: torch.tensor(fixed, device=gates.gates[i].log_alpha.device) for i, fixed in self.fixed.items()}
+        total = []
+        for i, gate in enumerate(gates.gates):
+            if gates.structures[i] == "layer":
+                continue
+            own = (gate.p_open() * self.unit[i]).sum()
+            if gates.outer[i] is None:
+                total.append(own)
+            else:
+                inner[gates.outer[i]] = inner[gates.outer[i]] + own
+        total += [gates.gates[i].p_open().sum() * value for i, value in inner.items()]
+        return torch.stack(total).sum()
+
+
+def attach_gates(model: nn.Module, kinds=ATTENTION_KINDS, ffn_group: int = 1, **gate_options) -> HeadGates:
+    """Gate every structure of the given kinds of ``model``; returns the module holding the gates.
+
+    ``gate_options`` are the fields of ``GateOptions`` (temperature, stretch, eps, init_log_alpha, log_alpha_range);
+    ``ffn_group`` gates that many contiguous feed-forward units together.
     """
     options = GateOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in gate_options.items()})
-    sites = attention_sites(model, check_kinds(kinds))
-    gates = HeadGates(sites, options)
+    gates = HeadGates(structure_sites(model, check_kinds(kinds)), options, ffn_group)
+    gates.non_embedding_params = non_embedding_parameters(model)
     return gates.to(next(model.parameters()).device)
+
+
+def non_embedding_parameters(model: nn.Module) -> int:
+    """Parameters of ``model`` less its embeddings: token and position embeddings outside the layers, and the
+    output layer (tied ones counted once). A relative position bias, inside a layer, counts as non-embedding."""
+    layers = {id(p) for path in probe(model).layers.values() for p in model.get_submodule(path).parameters()}
+    embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)] + [model.get_output_embeddings()]
+    excluded = {id(p) for m in embeddings if m is not None for p in m.parameters()} - layers
+    return sum(p.numel() for p in model.parameters() if id(p) not in excluded)

@@ -1,9 +1,15 @@
-"""Remove attention heads physically: any plan in, a smaller model out that saves and reloads.
+"""Remove structures physically: any plan in, a smaller model out that saves and reloads.
 
-A plan is ``{attention module path: kept head indices}``, the indices counted among the module's current heads;
-modules it does not name keep all their heads. Gates (``HeadGates.plan()``), a baseline or a hand-written dict all
-produce the same type; only ``prune_heads`` touches weights. The cutting itself lives in ``pruned_modeling``,
-which is also written beside exported weights, so both loading paths rebuild the same shapes.
+A plan is ``{module path: kept indices}``, counted among the module's current parts:
+
+- an attention module -> its kept heads;
+- a feed-forward block's output projection -> its kept intermediate units;
+- a stack's ``ModuleList`` of layers -> its kept layers.
+
+Modules it does not name keep everything. Gates (``HeadGates.plan()``), a baseline or a hand-written dict all produce
+the same type; only ``prune_heads`` touches weights. The cutters (``prune_attention``, ``prune_ffn``,
+``drop_layers``) live in ``pruned_modeling``, which is also written beside exported weights, so both loading paths
+rebuild the same shapes. Heads and units of a layer the plan drops go with the layer.
 """
 
 from __future__ import annotations
@@ -15,99 +21,90 @@ from collections.abc import Iterable, Mapping
 from torch import nn
 
 from gatedprune.structures.adapters import AttentionSite, attention_sites, probe
+from gatedprune.structures.ffn import FFNSite
 from gatedprune.surgery.pruned_modeling import (
     CONFIG_KEY,
+    drop_layers,
     install_runtime,
     layout_of,
     prune_attention,
-    upgrade_record,
+    prune_ffn,
 )
-
-RECORD_FORMAT = 2
-# the fields of Layout the runtime needs; they travel in the record so the saved directory describes itself
-LAYOUT_FIELDS = (
-    "q", "k", "v", "o", "head_dim_attr", "count_attrs", "kv_count_attrs", "group_attr", "inner_dim_attr",
-    "position_bias_attr",
+from gatedprune.surgery.record import (  # noqa: F401  (the names below are this module's API as well)
+    LAYOUT_FIELDS,
+    RECORD_FORMAT,
+    count_parameters,
+    current_record,
+    cut_parameters,
+    cut_units,
+    layer_removed,
+    model_ffn_sites,
+    plan_record,
+    record_removed_parameters,
+    rename_layers,
 )
 
 Plan = Mapping[str, Iterable[int]]
 
 
-def _sites(model: nn.Module) -> dict[str, AttentionSite]:
-    return {site.path: site for site in attention_sites(model)}
+def _sites(model: nn.Module) -> dict[str, AttentionSite | FFNSite]:
+    return {site.path: site for site in [*attention_sites(model), *model_ffn_sites(model)]}
+
+
+def _indices(path: str, values, count: int, what: str, problems: list[str]) -> list[int]:
+    """``values`` as sorted distinct integers in [0, count); each problem found is appended to ``problems``."""
+    kept = []
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        problems.append(f"{path}: kept {what}s must be a list of {what} indices, got {values!r}")
+        return kept
+    for value in values:
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            value = operator.index(value)
+        except TypeError:
+            problems.append(f"{path}: {what} {value!r} is not an integer")
+            continue
+        if not 0 <= value < count:
+            problems.append(f"{path}: {what} {value} does not exist (the module has {what}s 0..{count - 1})")
+        elif value in kept:
+            problems.append(f"{path}: {what} {value} is listed twice")
+        else:
+            kept.append(value)
+    return sorted(kept)
 
 
 def check_plan(model: nn.Module, plan: Plan) -> dict[str, list[int]]:
-    """Validate ``plan`` against ``model`` before anything is cut; returns it with sorted head lists.
+    """Validate ``plan`` against ``model`` before anything is cut; returns it with sorted index lists.
 
-    Raises ``ValueError`` naming every module that is not an attention module of the model and every head index
-    that is not an integer in [0, heads), or is repeated.
+    Raises ``ValueError`` naming every module that is not a prunable module of the model and every index that is
+    not an integer in range, or is repeated; a plan that drops every decoder layer is refused.
     """
     if not isinstance(plan, Mapping):
-        raise TypeError(f"a plan is a mapping {{attention module path: kept head indices}}, got {type(plan).__name__}")
+        raise TypeError(f"a plan is a mapping {{module path: kept indices}}, got {type(plan).__name__}")
     sites = _sites(model)
-    unknown = [path for path in plan if path not in sites]
+    stacks = {path: stack for stack, path in probe(model).layers.items()}
+    unknown = [path for path in plan if path not in sites and path not in stacks]
     if unknown:
-        examples = ", ".join(list(sites)[:3])
+        examples = ", ".join([*list(sites)[:2], *stacks])
         raise ValueError(
-            f"the plan names {len(unknown)} module(s) that are not attention modules of this "
-            f"{model.config.model_type} model: {unknown[:5]}; its {len(sites)} attention modules are named like "
-            f"{examples}"
+            f"the plan names {len(unknown)} module(s) that are not prunable modules of this "
+            f"{model.config.model_type} model: {unknown[:5]}; its attention modules, feed-forward output projections "
+            f"and stacks of layers are named like {examples}"
         )
     problems, checked = [], {}
-    for path, heads in plan.items():
-        num_heads = sites[path].num_heads
-        kept = []
-        if isinstance(heads, (str, bytes)) or not hasattr(heads, "__iter__"):
-            problems.append(f"{path}: kept heads must be a list of head indices, got {heads!r}")
-            heads = ()
-        for head in heads:
-            try:
-                if isinstance(head, bool):
-                    raise TypeError
-                head = operator.index(head)
-            except TypeError:
-                problems.append(f"{path}: head {head!r} is not an integer")
-                continue
-            if not 0 <= head < num_heads:
-                problems.append(f"{path}: head {head} does not exist (the module has heads 0..{num_heads - 1})")
-            elif head in kept:
-                problems.append(f"{path}: head {head} is listed twice")
-            else:
-                kept.append(head)
-        checked[path] = sorted(kept)
+    for path, values in plan.items():
+        if path in stacks:
+            checked[path] = _indices(path, values, len(model.get_submodule(path)), "layer", problems)
+            if stacks[path] == "decoder" and not checked[path] and len(model.get_submodule(path)):
+                problems.append(f"{path}: a decoder keeps at least one layer (the plan keeps none)")
+        else:
+            site = sites[path]
+            what = "head" if isinstance(site, AttentionSite) else "unit"
+            checked[path] = _indices(path, values, site.num_units, what, problems)
     if problems:
-        raise ValueError("invalid head plan:\n  " + "\n  ".join(problems))
+        raise ValueError("invalid plan:\n  " + "\n  ".join(problems))
     return checked
-
-
-def plan_record(model: nn.Module) -> dict | None:
-    """The record ``prune_heads`` keeps on ``model.config`` (see ``pruned_modeling``), or None if never pruned."""
-    return getattr(model.config, CONFIG_KEY, None)
-
-
-def _unpruned_record(model: nn.Module) -> dict:
-    structure = probe(model)
-    sites = attention_sites(model)
-    kept_heads: dict[str, dict[str, list[int]]] = {}
-    for site in sites:
-        kept_heads.setdefault(site.kind, {})[site.path] = list(range(site.num_heads))
-    return {
-        "format": RECORD_FORMAT,
-        "kept_heads": kept_heads,
-        "num_heads": {site.path: site.num_heads for site in sites},
-        "num_kv_heads": {site.path: site.num_kv_heads for site in sites},
-        "slots": {site.path: list(range(site.num_heads)) for site in sites},
-        "kv_heads": {site.path: list(range(site.num_kv_heads)) for site in sites},
-        "layout": {
-            stack: {
-                **{f: list(v) if isinstance(v, tuple) else v for f in LAYOUT_FIELDS for v in [getattr(layout, f)]},
-                "position_bias": structure.position_bias[stack],
-            }
-            for stack, layout in structure.layouts.items()
-        },
-        "rule": None,
-    }
 
 
 def grouped_slots(kept: list[int], slots: list[int], group: int) -> tuple[list[int], list[int], list[int]]:
@@ -137,23 +134,36 @@ def _next_slots(record: dict, site: AttentionSite, kept: list[int]):
     return (now_kept, *grouped_slots(now_kept, slots, group))
 
 
-def prune_heads(model: nn.Module, plan: Plan, rule: str | None = None) -> nn.Module:
-    """Shrink ``model`` in place to the heads ``plan`` keeps and record the plan on ``model.config``.
+def _in_dropped(path: str, plan: dict, stacks: dict[str, str]) -> bool:
+    for layers_path in stacks.values():
+        if path.startswith(layers_path + ".") and layers_path in plan:
+            return int(path[len(layers_path) + 1:].partition(".")[0]) not in plan[layers_path]
+    return False
 
-    Removes the q rows and output-projection columns of every other head of the named attention modules
-    (encoder self-, decoder self- and cross-attention) and updates the head counts. With grouped key/value
-    heads, a key/value head (its k/v rows) goes only when every query head that shares it goes, and a group
-    left with fewer query heads than another keeps zero-output fillers (see ``grouped_slots``). The record on the
-    config holds the kept heads in the original numbering, so pruning twice composes and
-    ``model.save_pretrained(d)`` then ``load_pruned(d)`` round-trips. ``rule`` says how the plan was made.
-    Prune a model without gates attached (``gates.remove()``): the gate hooks expect the old head count.
+
+def prune_heads(model: nn.Module, plan: Plan, rule: str | None = None) -> nn.Module:
+    """Shrink ``model`` in place to what ``plan`` keeps and record the plan on ``model.config``.
+
+    Heads: the q rows and output-projection columns of every other head go, and the head counts follow; with grouped
+    key/value heads, a key/value head (its k/v rows) goes only when every query head that shares it goes, and a group
+    left with fewer query heads than another keeps zero-output fillers (see ``grouped_slots``). Units: their rows of
+    the feed-forward input projection(s) and their output-projection column. Layers: dropped from their stack, what
+    indexes them renumbered (see ``drop_layers``). The record on the config holds what is kept in the original
+    numbering, so pruning twice composes and ``model.save_pretrained(d)`` then ``load_pruned(d)`` round-trips.
+    ``rule`` says how the plan was made. Prune a model without gates attached (``gates.remove()``).
     """
     plan = check_plan(model, plan)
     sites = _sites(model)
-    record = upgrade_record(copy.deepcopy(plan_record(model) or _unpruned_record(model)))
+    structure = probe(model)
+    record = copy.deepcopy(current_record(model))
     for path, kept in plan.items():
-        site = sites[path]
-        if len(kept) == site.num_heads:
+        site = sites.get(path)
+        if site is None or _in_dropped(path, plan, structure.layers) or len(kept) == site.num_units:
+            continue
+        if isinstance(site, FFNSite):
+            units = record["kept_units"][site.kind][path]
+            prune_ffn(site.container, kept, record["layout"][stack_of(site)]["ffn"])
+            record["kept_units"][site.kind][path] = [units[u] for u in kept]
             continue
         slots, kv_heads = record["slots"][path], record["kv_heads"][path]
         now_kept, new_slots, new_kv, fillers = _next_slots(record, site, kept)
@@ -164,6 +174,21 @@ def prune_heads(model: nn.Module, plan: Plan, rule: str | None = None) -> nn.Mod
         )
         record["kept_heads"][site.kind][path] = now_kept
         record["slots"][path], record["kv_heads"][path] = new_slots, new_kv
+    for stack, layers_path in structure.layers.items():
+        kept = plan.get(layers_path)
+        layers = model.get_submodule(layers_path)
+        if kept is None or len(kept) == len(layers):
+            continue
+        attention = {s.path: s for s in attention_sites(model)}
+        ffns = {s.path: s for s in model_ffn_sites(model)}
+        going = [i for i in range(len(layers)) if i not in kept]
+        moved = drop_layers(model, layers_path, kept, stack, record["layout"][stack])
+        for i in going:
+            entry = layer_removed(record, layers[i], f"{layers_path}.{i}", attention, ffns, moved if i == 0 else 0)
+            record["dropped"].setdefault(stack, []).append({"layer": record["kept_layers"][stack][i], **entry})
+        record["kept_layers"][stack] = [record["kept_layers"][stack][i] for i in kept]
+        rename_layers(record, layers_path, kept)
+        setattr(model.config, CONFIG_KEY, record)  # an emptied encoder is found by its record (probe)
     if rule is not None:
         record["rule"] = rule
     setattr(model.config, CONFIG_KEY, record)
@@ -171,45 +196,42 @@ def prune_heads(model: nn.Module, plan: Plan, rule: str | None = None) -> nn.Mod
     return model
 
 
-def cut_parameters(site: AttentionSite, query_heads: int, kv_heads: int) -> int:
-    """Parameters that go with ``query_heads`` query heads and ``kv_heads`` key/value heads of ``site``.
-
-    A query head owns its q rows (and biases), its output-projection columns and, where every layer owns a
-    relative position bias, its column of it; a key/value head owns its k and v rows (and biases).
-    """
-    q, o = site.projection("q"), site.projection("o")
-    per_query = site.head_dim * (q.in_features + (q.bias is not None) + o.out_features)
-    if site.own_position_bias:
-        per_query += getattr(site.module, site.layout.position_bias_attr).num_embeddings
-    per_kv = sum(site.head_dim * (p.in_features + (p.bias is not None)) for p in map(site.projection, "kv"))
-    return query_heads * per_query + kv_heads * per_kv
+def stack_of(site) -> str:
+    """The stack a site belongs to."""
+    return "encoder" if site.kind.startswith("encoder") else "decoder"
 
 
 def removed_parameters(model: nn.Module, plan: Plan) -> int:
     """How many parameters ``prune_heads(model, plan)`` removes."""
+    plan = check_plan(model, plan)
     sites = _sites(model)
-    record = upgrade_record(plan_record(model) or _unpruned_record(model))
+    structure = probe(model)
+    record = current_record(model)
     total = 0
-    for path, kept in check_plan(model, plan).items():
-        _, slots, kv_heads, _ = _next_slots(record, sites[path], kept)
-        total += cut_parameters(
-            sites[path], len(record["slots"][path]) - len(slots), len(record["kv_heads"][path]) - len(kv_heads)
-        )
+    for path, kept in plan.items():
+        site = sites.get(path)
+        if site is None or _in_dropped(path, plan, structure.layers):
+            continue
+        if isinstance(site, FFNSite):
+            total += cut_units(site, site.width - len(kept))
+            continue
+        _, slots, kv_heads, _ = _next_slots(record, site, kept)
+        total += cut_parameters(site, len(record["slots"][path]) - len(slots), len(record["kv_heads"][path]) - len(kv_heads))
+    for stack, layers_path in structure.layers.items():
+        layers = model.get_submodule(layers_path)
+        kept = plan.get(layers_path, range(len(layers)))
+        for i in (i for i in range(len(layers)) if i not in kept):
+            total += sum(p.numel() for p in layers[i].parameters())
+        layout = record["layout"][stack]
+        table = getattr(_attr_path(layers[0], layout["self_attention"]) if len(layers) else None,
+                        layout.get("position_bias_attr") or "", None)
+        if kept and 0 not in kept and layout.get("position_bias") == "shared" and isinstance(table, nn.Embedding):
+            total -= table.weight.numel()  # moves to the new first layer
     return total
 
 
-def record_removed_parameters(model: nn.Module) -> int:
-    """How many parameters the pruning recorded on ``model`` removed, since it was whole."""
-    record = upgrade_record(plan_record(model))
-    return sum(
-        cut_parameters(
-            site, record["num_heads"][site.path] - len(record["slots"][site.path]),
-            record["num_kv_heads"][site.path] - len(record["kv_heads"][site.path]),
-        )
-        for site in attention_sites(model)
-    )
-
-
-def count_parameters(model: nn.Module) -> int:
-    """Parameters of ``model``, tied ones counted once."""
-    return sum(p.numel() for p in model.parameters())
+def _attr_path(module: nn.Module, path: str) -> nn.Module | None:
+    try:
+        return module.get_submodule(path)
+    except AttributeError:
+        return None

@@ -1,11 +1,11 @@
-"""Runtime of a seq2seq model whose attention heads were removed by gatedprune.
+"""Runtime of a seq2seq model whose attention heads, feed-forward units or layers were removed by gatedprune.
 
 This file is both the cutting routine that ``gatedprune.surgery.cut`` calls and the self-contained modeling file the
 exporter writes beside the weights (as ``modeling_gatedprune.py``) so that
 ``AutoModelForSeq2SeqLM.from_pretrained(d, trust_remote_code=True)`` works; it therefore imports only torch and
 transformers and takes everything it needs to know about the family from the plan record in ``config.gatedprune``:
 
-    {"format": 2,
+    {"format": 3,
      "kept_heads": {kind: {attention module path: kept query heads (in the original numbering)}},
      "num_heads": {path: query heads before pruning}, "num_kv_heads": {path: key/value heads before pruning},
      "slots": {path: query heads physically present, original numbering (kept heads, plus zero-output fillers
@@ -15,6 +15,13 @@ transformers and takes everything it needs to know about the family from the pla
                 "head_dim_attr", "count_attrs", "kv_count_attrs", "group_attr", "inner_dim_attr",
                 "position_bias_attr": attribute names (the last three may be null),
                 "position_bias": "shared" | "per-layer" | null}},
+     "kept_units": {kind: {feed-forward output projection path: kept units (original numbering)}},
+     "num_units": {path: units before pruning},
+     "kept_layers": {stack: original indices of the layers present}, "num_layers": {stack: layers before pruning},
+     "dropped": {stack: [{"layer": original index, "parameters": its parameters, "heads": {kind: n},
+                          "units": {kind: n}}]},
+     (the layout of each stack also holds "name", "layers": the path of its ModuleList, "self_attention" and
+      "cross_attention": paths inside a layer, "ffn": {"container", "inputs", "output"} or null, "bias_flag_attr")
      "rule": how the plan was made (e.g. "binary") or null,
      "source_model", "versions": added by the exporter}
 """
@@ -96,14 +103,79 @@ def prune_attention(module: nn.Module, slots: list[int], kv_heads: list[int], la
     _set(module, [layout["inner_dim_attr"]], heads * head_dim)
 
 
+def prune_ffn(container: nn.Module, kept: list[int], ffn: dict) -> None:
+    """Keep the intermediate units ``kept`` (current indices) of a feed-forward block, in place: their rows of every
+    input projection, their columns of the output projection. Zero units is allowed: the block returns its output
+    bias (zeros for bias-free families), as a block with every unit gated off does."""
+    index = torch.as_tensor(kept, dtype=torch.long)  # (F',)
+    for name in ffn["inputs"]:
+        _keep_features(attr(container, name), index, dim=0)
+    _keep_features(attr(container, ffn["output"]), index, dim=1)
+
+
+def _layer_count_names(stack: str, own: bool) -> tuple[str, ...]:
+    """Config fields that count a stack's layers: on the model's config, the stack's own names; on a stack's own
+    config (T5's stacks, T5Gemma's sub-configs), also the generic ones."""
+    names = {"encoder": ("encoder_layers", "num_layers"), "decoder": ("decoder_layers", "num_decoder_layers")}[stack]
+    return names + (("num_layers", "num_hidden_layers") if own else ())
+
+
+def _stack_configs(model: nn.Module, stack_module: nn.Module, stack: str) -> list[tuple[object, bool]]:
+    """(config, is the stack's own) of every config object that describes the stack's depth."""
+    found = [(model.config, False)]
+    for config in (getattr(stack_module, "config", None), getattr(model.config, stack, None)):
+        if config is not None and hasattr(config, "to_dict") and all(config is not c for c, _ in found):
+            found.append((config, True))
+    return found
+
+
+def drop_layers(model: nn.Module, layers_path: str, kept: list[int], stack: str, layout: dict) -> int:
+    """Keep the layers ``kept`` (current indices) of a stack, in place; returns the parameters of a moved position
+    bias (which stay). What indexes layers follows: the ``layer_idx`` of every module (transformers v5 caches key
+    their layers by it), the config's layer counts and per-layer lists (``layer_types``), and a relative position
+    bias owned by the first layer (T5), which moves to the new first layer."""
+    layers = model.get_submodule(layers_path)
+    moved = 0
+    owner = attr(layers[0], layout["self_attention"]) if len(layers) else None
+    table = getattr(owner, layout.get("position_bias_attr") or "", None)
+    if layout.get("position_bias") == "shared" and isinstance(table, nn.Embedding) and kept and kept[0] != 0:
+        heir = attr(layers[kept[0]], layout["self_attention"])
+        copy = nn.Embedding(table.num_embeddings, table.embedding_dim).to(table.weight.device)
+        copy.weight = nn.Parameter(table.weight.detach().clone(), requires_grad=table.weight.requires_grad)
+        setattr(heir, layout["position_bias_attr"], copy)  # a new module: the hooks of the old owner stay behind
+        if layout.get("bias_flag_attr"):
+            setattr(heir, layout["bias_flag_attr"], True)
+        moved = table.weight.numel()
+    survivors = [layers[i] for i in kept]
+    for new, layer in enumerate(survivors):
+        for module in layer.modules():
+            if isinstance(getattr(module, "layer_idx", None), int):
+                module.layer_idx = new
+    parent, _, name = layers_path.rpartition(".")
+    stack_module = model.get_submodule(parent) if parent else model
+    setattr(stack_module, name, nn.ModuleList(survivors))
+    for config, own in _stack_configs(model, stack_module, stack):
+        for field in _layer_count_names(stack, own):
+            if isinstance(getattr(config, field, None), int) and field in config.to_dict():
+                setattr(config, field, len(kept))
+        types = getattr(config, "layer_types", None)
+        if own and isinstance(types, list) and len(types) == len(layers):
+            config.layer_types = [types[i] for i in kept]
+    return moved
+
+
 def layout_of(record: dict, path: str) -> dict:
     """The layout of the stack that holds attention module ``path`` (encoder self-attention: the encoder's)."""
     return record["layout"]["encoder" if path in record["kept_heads"].get("encoder", {}) else "decoder"]
 
 
 def upgrade_record(record: dict) -> dict:
-    """A format-1 record (multi-head attention only, written before grouped heads were supported) as format 2."""
-    if record.get("format", 1) >= 2:
+    """An older record as format 3: format 1 (multi-head attention only, written before grouped heads were
+    supported) and format 2 (heads only) name no units or layers, so none were removed."""
+    if record.get("format", 1) == 2:
+        return {**record, "format": 3, "kept_units": {}, "num_units": {}, "kept_layers": {}, "num_layers": {},
+                "dropped": {}}
+    if record.get("format", 1) >= 3:
         return record
     old = record["layout"]
     kept = {path: heads for per_kind in record["kept_heads"].values() for path, heads in per_kind.items()}
@@ -112,10 +184,10 @@ def upgrade_record(record: dict) -> dict:
         count_attrs=[old["num_heads_attr"]], kv_count_attrs=[], group_attr=None,
         position_bias="shared" if old.get("position_bias_attr") else None,
     )
-    return {
+    return upgrade_record({
         **record, "format": 2, "layout": {"encoder": layout, "decoder": layout}, "num_kv_heads": dict(record["num_heads"]),
         "slots": {p: list(k) for p, k in kept.items()}, "kv_heads": {p: list(k) for p, k in kept.items()},
-    }
+    })
 
 
 class SharedBiasHeads:
@@ -176,10 +248,11 @@ def _share_bias(model: nn.Module, path: str, kept: list[int], num_heads: int, bi
         heads = SharedBiasHeads(kept, num_heads)
         module.register_forward_pre_hook(heads.before, with_kwargs=True)
         module.register_forward_hook(heads.after, with_kwargs=True)
-        table = getattr(module, bias_attr, None)  # only the first layer of a stack owns the embedding
-        if isinstance(table, nn.Module):
-            table.register_forward_hook(heads.on_bias_table)
         module.gatedprune_shared_bias = heads  # a plain attribute; found again when the plan changes
+    table = getattr(module, bias_attr, None)  # only the first layer of a stack owns the embedding
+    if isinstance(table, nn.Module) and not getattr(table, "gatedprune_hooked", False):  # new, or moved in
+        table.register_forward_hook(heads.on_bias_table)
+        table.gatedprune_hooked = True
     heads.kept = list(kept)
 
 
@@ -244,8 +317,15 @@ def install_runtime(model: nn.Module, record: dict) -> None:
 
 
 def restore_pruned(model: nn.Module, record: dict) -> None:
-    """Cut a freshly built (unpruned) model to the shapes of ``record``; loading the weights comes after."""
+    """Cut a freshly built (unpruned) model to the shapes of ``record``; loading the weights comes after. Its
+    config already counts the layers that stay, so the model is built without the dropped ones."""
     record = upgrade_record(record)
+    for kind, per_path in record["kept_units"].items():
+        ffn = record["layout"][kind.partition("_")[0]]["ffn"]
+        for path, units in per_path.items():
+            if units != list(range(record["num_units"][path])):
+                container = path[: -len(ffn["output"]) - 1]
+                prune_ffn(model.get_submodule(container) if container else model, units, ffn)
     kept = {path: heads for per_kind in record["kept_heads"].values() for path, heads in per_kind.items()}
     for path, slots in pruned_paths(record).items():
         fillers = [head for head in slots if head not in kept[path]]
@@ -264,7 +344,7 @@ def pruned_model_class(base: type) -> type:
                 restore_pruned(self, getattr(config, CONFIG_KEY))
 
     GatedPruned.__name__ = GatedPruned.__qualname__ = f"GatedPruned{base.__name__}"
-    GatedPruned.__doc__ = f"{base.__name__} with the attention heads that ``config.{CONFIG_KEY}`` keeps."
+    GatedPruned.__doc__ = f"{base.__name__} with the heads, units and layers that ``config.{CONFIG_KEY}`` keeps."
     return GatedPruned
 
 

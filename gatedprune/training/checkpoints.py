@@ -34,7 +34,31 @@ def describe(module) -> dict:
         "generation_config": module.model.generation_config.to_dict(),
         "gate_options": asdict(module.pruning.gates),
         "gate_kinds": list(module.pruning.kinds),
+        "gate_ffn_group": module.pruning.ffn_group,
     }
+
+
+def add_new_gates(checkpoint: dict, gates: HeadGates) -> None:
+    """Fit a checkpoint whose gates are the first of ``gates`` (a heads-only ``dense.ckpt`` forked with feed-forward
+    or layer kinds added) to them: the new gates at their initial ``log_alpha``, their optimiser state fresh (the
+    gates' optimiser group, the second, grows; the groups after it move along)."""
+    state = checkpoint["state_dict"]
+    saved = state.get("gates._extra_state", {}).get("paths")
+    if saved is None or saved == gates.paths or gates.paths[: len(saved)] != saved:
+        return
+    new = [f"gates.gates.{i}.log_alpha" for i in range(len(saved), len(gates.paths))]
+    state.update({key: gates.gates[i].log_alpha.detach().clone()
+                  for key, i in zip(new, range(len(saved), len(gates.paths)))})
+    state["gates._extra_state"] = gates.get_extra_state()
+    checkpoint["gate_kinds"] = list(dict.fromkeys(gates.kinds))
+    for optimizer in checkpoint.get("optimizer_states", []):
+        groups = optimizer["param_groups"]
+        end = groups[1]["params"][-1] + 1
+        shift = len(new)
+        optimizer["state"] = {(i + shift if i >= end else i): v for i, v in optimizer["state"].items()}
+        for group in groups[2:]:
+            group["params"] = [i + shift for i in group["params"]]
+        groups[1]["params"] = groups[1]["params"] + list(range(end, end + shift))
 
 
 def load_checkpoint_file(path: str | Path) -> dict:
@@ -230,6 +254,7 @@ def load_gated_checkpoint(path: str | Path) -> tuple[transformers.PreTrainedMode
     model.load_state_dict(strip_prefix(checkpoint["state_dict"], "model."))
     if "generation_config" in checkpoint:
         model.generation_config = transformers.GenerationConfig.from_dict(checkpoint["generation_config"])
-    gates = attach_gates(model, checkpoint["gate_kinds"], **checkpoint["gate_options"])
+    gates = attach_gates(model, checkpoint["gate_kinds"], ffn_group=checkpoint.get("gate_ffn_group", 1),
+                         **checkpoint["gate_options"])
     gates.load_state_dict(strip_prefix(checkpoint["state_dict"], "gates."))
     return model.eval(), gates

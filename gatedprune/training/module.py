@@ -16,7 +16,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gatedprune.structures.head_gates import attach_gates
-from gatedprune.training.checkpoints import describe
+from gatedprune.training.checkpoints import add_new_gates, describe
 from gatedprune.training.distill import distilled_loss, frozen_copy
 from gatedprune.training.guards import BadSteps, zero_non_finite_gradients
 from gatedprune.reports.scoring import GenerationConfig, corpus_scores, generate, score, token_cross_entropy
@@ -71,7 +71,7 @@ class GatedSeq2Seq(L.LightningModule):
         self.generation = generation
         self.output_dir = Path(output_dir)
         self.seed = seed
-        self.gates = attach_gates(model, pruning.kinds, **asdict(pruning.gates))
+        self.gates = attach_gates(model, pruning.kinds, ffn_group=pruning.ffn_group, **asdict(pruning.gates))
         self.budget = pruning.build(self.gates)  # a method's own trainable state (a head budget's multipliers)
         # the dense model as teacher (pruning.distill): a frozen copy, refreshed when the gated phase starts
         self.teacher = frozen_copy(model) if pruning.distill.on else None
@@ -260,9 +260,10 @@ class GatedSeq2Seq(L.LightningModule):
         """
         plan = self.gates.plan(*self.pruning.export_rule(self.budget))
         if not self.gates_trained:  # the dense phase: the model keeps every head, whatever the rule would say
-            self._last_plan = {path: list(range(gate.num_heads)) for path, gate in zip(self.gates.paths, self.gates.gates)}
+            self._last_plan = self.gates.plan(keep=torch.ones(self.gates.num_gates, dtype=torch.bool), note=False)
             return
-        if self._last_plan is None:  # a fork from a gated checkpoint of another rule: this validation is the baseline
+        if self._last_plan is None or set(self._last_plan) != set(plan):
+            # a fork from a gated checkpoint of another rule, or of fewer kinds: this validation is the baseline
             self._last_plan = plan
             return
         changed = sum(len(set(plan[path]) ^ set(self._last_plan[path])) for path in plan)
@@ -341,5 +342,7 @@ class GatedSeq2Seq(L.LightningModule):
         elif self.teacher is not None and not saved_teacher:  # e.g. a fork from a dense.ckpt written without it
             state.update({f"teacher.{k[len('model.'):]}": v for k, v in list(state.items()) if k.startswith("model.")})
             self._teacher_ready = False
+        # a fork that gates more kinds than the checkpoint (a heads-only dense.ckpt): the new gates start fresh
+        add_new_gates(checkpoint, self.gates)
         # a fork from a checkpoint another method wrote: the method fits its own state and optimiser groups
         self.pruning.migrate_checkpoint(checkpoint, self.budget, prefix="budget.")
