@@ -238,8 +238,10 @@ def export_gated(
             and all(diff < TOLERANCE for diff in reload_diffs.values())
             and check["params_match"]
         )
+        budget = _params_budget(gates, rule, top_k, params_removed)
         report = {
             **export_dir.describe(work, stage, size_before), "unconverged_gates": unconverged, "decided_by_rule": decided,
+            **({"params_budget": budget} if budget else {}),
             "verification": check, **({"checkpoint": checkpoint} if checkpoint else {}),
         }
         log.info("%s", _verification_summary(report))
@@ -252,6 +254,18 @@ def export_gated(
         export_dir.write_card(stage, work, report)
     log.info("wrote %s", out_dir)
     return report
+
+
+def _params_budget(gates: HeadGates, rule: str, allowed, removed: int) -> dict | None:
+    """How close the parameter rule came to its budget (logged, and kept in the report)."""
+    if rule != "params":
+        return None
+    total = gates.non_embedding_params
+    budget = {"prunable_kept": gates.prunable_params - removed, "prunable_allowed": allowed,
+              "non_embedding_kept_fraction": (total - removed) / total}
+    log.info("parameter budget: %s of at most %s prunable parameters kept; %.4f of the non-embedding parameters",
+             f"{budget['prunable_kept']:,}", f"{allowed:,}", budget["non_embedding_kept_fraction"])
+    return budget
 
 
 def _verification_summary(report: dict) -> str:

@@ -1,0 +1,102 @@
+"""train.py with feed-forward units and layers gated: a run that gates every kind trains, exports, verifies and
+reloads; a parameter budget is met; a heads-only checkpoint forks into a run with every kind; bad settings are
+refused in one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from helpers import ROOT, compose_train, error_line, run_train, train_dense
+from gatedprune import load_pruned
+from gatedprune.structures.kinds import ALL_KINDS
+from gatedprune.surgery.cut import count_parameters
+
+EVERY_KIND = f"pruning.kinds=[{','.join(ALL_KINDS)}]"
+HARD = ("pruning.l0_lambda=20", "pruning.gate_lr=0.5", "trainer.max_steps=40")  # closes structures of every kind
+
+
+@pytest.fixture(scope="module")
+def every_kind_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("every_kind") / "run"
+    proc = run_train(run, EVERY_KIND, *HARD)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run
+
+
+def test_a_run_gating_every_kind_exports_a_verified_smaller_model(every_kind_run):
+    metrics = json.loads((every_kind_run / "metrics.json").read_text())
+    report = json.loads((every_kind_run / "pruned" / "export_report.json").read_text())
+    assert metrics["penalty_normalisation"] == "params"  # the default once other kinds are gated
+    assert report["verification"]["passed"] and report["verification"]["greedy_identical"]
+    removed = {kind: total - kept for kind, (kept, total) in {**report["units_kept"], **report["layers_kept"]}.items()}
+    assert removed["encoder_ffn"] > 0 and removed["decoder_ffn"] > 0  # lambda 20 closes units of both stacks
+    model = load_pruned(every_kind_run / "pruned")
+    assert count_parameters(model) == report["params_after"] < report["params_before"]
+    widths = [layer.fc1.out_features for layer in model.model.decoder.layers]
+    assert sum(widths) == report["units_kept"]["decoder_ffn"][0]
+    assert len(model.model.decoder.layers) == report["layers_kept"]["decoder_layer"][0] >= 1
+    assert model.config.decoder_layers == len(model.model.decoder.layers)
+    card = (every_kind_run / "pruned" / "README.md").read_text()
+    assert "FFN width" in card and f"{widths[0]}/64" in card
+
+
+def test_a_parameter_budget_keeps_at_most_its_target(tmp_path):
+    run = tmp_path / "budget"
+    proc = run_train(run, EVERY_KIND, "pruning=l0_budget", "pruning.target_params=0.6", "pruning.target_warmup_steps=10",
+                     "trainer.max_steps=40", "pruning.gate_lr=0.5")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((run / "pruned" / "export_report.json").read_text())
+    budget = report["params_budget"]
+    assert budget["prunable_kept"] <= budget["prunable_allowed"]
+    assert 0.5 < budget["non_embedding_kept_fraction"] <= 0.6  # the greedy fill comes close to the target
+    assert report["rule"].startswith("params, at most")
+    assert "parameter budget:" in proc.stderr + proc.stdout
+
+
+def test_a_heads_only_dense_checkpoint_forks_into_a_run_with_every_kind(tmp_path):
+    dense = train_dense(tmp_path / "dense") / "checkpoints" / "dense.ckpt"
+    before = torch.load(dense, map_location="cpu", weights_only=True)
+    assert before["gate_kinds"] == ["encoder", "decoder", "cross"]
+    run = tmp_path / "fork"
+    proc = run_train(run, EVERY_KIND, f"resume={dense}", *HARD)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert last["gate_kinds"] == list(ALL_KINDS) and last["global_step"] == 40
+    heads = sum(1 for key in before["state_dict"] if key.startswith("gates.gates."))
+    new = [v for k, v in last["state_dict"].items() if k.startswith("gates.gates.") and int(k.split(".")[2]) >= heads]
+    assert new and all((v != 3.0).any() for v in new)  # the new gates started at init_log_alpha 3 and trained
+    assert json.loads((run / "pruned" / "export_report.json").read_text())["verification"]["passed"]
+
+
+def test_an_old_heads_only_run_resumes_with_every_kind(tmp_path):
+    from gatedprune.train import train
+
+    old = tmp_path / "old_run"
+    shutil.copytree(ROOT / "tests" / "data" / "run_0.1.0", old)  # written at 7d66e69, before other kinds existed
+    shapes = ["model.from_scratch.d_model=16", "model.from_scratch.encoder_ffn_dim=32",
+              "model.from_scratch.decoder_ffn_dim=32"]
+    metrics = train(compose_train(tmp_path / "resumed", "experiment=smoke", *shapes, EVERY_KIND, "trainer.max_steps=24",
+                                  f"resume={old}"))
+    assert metrics["steps"] == 24 and metrics["export"]["verification"]["passed"]
+
+
+@pytest.mark.parametrize("overrides, says", [
+    ((EVERY_KIND, "pruning.distill.hidden=1.0"),
+     "pruning.distill.hidden=1.0 with layer kinds ['encoder_layer', 'decoder_layer']: layer distillation needs a map"),
+    (("pruning.kinds=[encoder_ffn]", "pruning.ffn_group=5"),
+     "pruning.ffn_group=5: model.encoder.layers.0.fc2 has 64 units, not a multiple of 5"),
+    (("pruning.ffn_group=0",), "pruning.ffn_group=0; allowed: an integer >= 1"),
+    (("pruning=l0_budget", "pruning.target_heads=12", "pruning.target_params=0.5"),
+     "a budget takes one target; allowed: one of them, the other null"),
+    (("pruning=l0_budget", "pruning.target_params=1.5"), "pruning.target_params=1.5; allowed: a fraction in (0, 1)"),
+    (("pruning=l0_budget", "pruning.kinds=[encoder_ffn]", "pruning.target_params=0.01"),
+     "pruning.target_params=0.01 is below what removing every gated structure reaches"),
+])
+def test_bad_settings_of_the_new_kinds_are_refused_in_one_line(tmp_path, overrides, says):
+    proc = run_train(tmp_path / "run", *overrides)
+    assert proc.returncode != 0 and says in error_line(proc)
+    assert not (tmp_path / "run" / "pruned").exists()
