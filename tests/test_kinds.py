@@ -283,3 +283,19 @@ def test_ffn_sites_name_their_blocks_by_output_projection(model_of):
     t5 = model_of("mt5")  # a gated block: wi_0 and wi_1
     (site, *_), = [ffn_sites(t5, "decoder", "decoder.block", "decoder_ffn")]
     assert site.path == "decoder.block.0.layer.2.DenseReluDense.wo" and site.layout.inputs == ("wi_0", "wi_1")
+
+
+def test_every_kind_exports_verified_on_every_family(model_of, family, tmp_path):
+    from gatedprune.shipping.export import export_gated
+
+    model = model_of(family)
+    gates = attach_gates(model, ALL_KINDS)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for gate in gates.gates:
+            gate.log_alpha.uniform_(-2, 6)  # most open: some heads, units and a layer or two closed
+    report = export_gated(model, gates, tmp_path / "out")
+    check = report["verification"]
+    assert check["passed"] and check["greedy_identical"] and check["params_match"]
+    removed = sum(total - kept for kept, total in [*report["units_kept"].values(), *report["layers_kept"].values()])
+    assert removed > 0 and report["params_after"] < report["params_before"]
