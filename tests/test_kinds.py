@@ -299,3 +299,11 @@ def test_every_kind_exports_verified_on_every_family(model_of, family, tmp_path)
     assert check["passed"] and check["greedy_identical"] and check["params_match"]
     removed = sum(total - kept for kept, total in [*report["units_kept"].values(), *report["layers_kept"].values()])
     assert removed > 0 and report["params_after"] < report["params_before"]
+
+
+def test_dropping_a_layer_keeps_per_layer_lists_and_indices_in_step(model_of):
+    model = model_of("t5gemma")  # reads config.layer_types[i]: sliding window in layer 0, full attention in layer 1
+    assert model.config.decoder.layer_types == ["sliding_attention", "full_attention"]
+    prune_heads(model, {probe(model).layers["decoder"]: [1]})
+    assert model.config.decoder.layer_types == ["full_attention"] and model.config.decoder.num_hidden_layers == 1
+    assert [layer.self_attn.layer_idx for layer in model.model.decoder.layers] == [0]
