@@ -3,8 +3,9 @@
     python scripts/support_table.py [--readme README.md] [--json docs/support.json] [--only bart,whisper]
 
 Each class of MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING and MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING is built from its default
-config shrunk by ``gatedprune.reports.support.tiny_config`` and checked by ``gatedprune.reports.support.check_class``. The table
-goes between the support-table markers of the README; the JSON lists the supported classes the test suite checks.
+config shrunk by ``gatedprune.reports.support.tiny_config`` and checked by ``gatedprune.reports.support.check_kinds``
+for each group of kinds (attention heads, FFN units, layers). The table, a column per group, goes between the
+support-table markers of the README; the JSON lists the classes and their results, which the test suite checks.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from gatedprune.reports.support import NotSupported, all_classes, check_class
+from gatedprune.reports.support import GROUPS, all_classes, check_kinds
 
 BEGIN, END = "<!-- support-table:begin -->", "<!-- support-table:end -->"
 
@@ -35,28 +36,40 @@ def run(only: set[str] | None = None) -> list[dict]:
         row = {"model_type": model_type, "class": cls.__name__}
         with tempfile.TemporaryDirectory() as directory, warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            try:
-                row.update(layout=check_class(cls, Path(directory)), supported=True, reason=None)
-            except NotSupported as error:
-                row.update(layout=None, supported=False, reason=str(error))
+            layout, reasons = check_kinds(cls, Path(directory))
+        # "supported" and "reason" stay the attention heads' (what they meant before the other kinds existed)
+        row.update(layout=layout, supported=reasons["heads"] is None, reason=reasons["heads"],
+                   kinds={group: {"supported": reason is None, "reason": reason} for group, reason in reasons.items()})
         row["seconds"] = round(time.perf_counter() - start, 1)
-        print(f"{model_type:28} {cls.__name__:48} {row['layout'] or row['reason']} ({row['seconds']} s)", flush=True)
+        said = "; ".join(f"{group}: {reason or 'supported'}" for group, reason in reasons.items())
+        print(f"{model_type:28} {cls.__name__:48} {layout or '-'}: {said} ({row['seconds']} s)", flush=True)
         rows.append(row)
     return rows
 
 
+def _cell(row: dict, group: str) -> str:
+    """``supported``, the reason, or ``as heads`` where the class failed before any kind was checked."""
+    result = row["kinds"][group]
+    if result["supported"]:
+        return "supported"
+    if group != "heads" and result["reason"] == row["kinds"]["heads"]["reason"]:
+        return "as heads"
+    return result["reason"].replace("|", "\\|")
+
+
 def table(rows: list[dict]) -> str:
-    supported = sum(row["supported"] for row in rows)
+    counts = ", ".join(f"{sum(row['kinds'][group]['supported'] for row in rows)} for {title}"
+                       for group, title in GROUPS.items())
     lines = [
-        f"{supported} of {len(rows)} classes supported (transformers {transformers.__version__}; "
+        f"Of {len(rows)} classes, supported: {counts} (transformers {transformers.__version__}; "
         "`python scripts/support_table.py` regenerates this table).",
         "",
-        "| model_type | class | layout | status |",
-        "|---|---|---|---|",
+        "| model_type | class | layout | heads | FFN units | layers |",
+        "|---|---|---|---|---|---|",
     ]
     for row in rows:
-        status = "supported" if row["supported"] else row["reason"].replace("|", "\\|")
-        lines.append(f"| {row['model_type']} | {row['class']} | {row['layout'] or '-'} | {status} |")
+        cells = " | ".join(_cell(row, group) for group in GROUPS)
+        lines.append(f"| {row['model_type']} | {row['class']} | {row['layout'] or '-'} | {cells} |")
     return "\n".join(lines)
 
 
@@ -68,8 +81,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()  # a bar per save and load would bury the table
     only = set(args.only.split(",")) if args.only else None
+    start = time.perf_counter()
     rows = run(only)
+    print(f"{len(rows)} classes checked in {time.perf_counter() - start:.0f} s", flush=True)
     if only:
         return 0
     readme = Path(args.readme)

@@ -189,7 +189,9 @@ def test_mixture_of_experts_refuses_the_unit_kinds(cls):
     with pytest.raises(ValueError, match="mixture of experts") as refused:
         attach_gates(model, ["decoder_ffn"])
     assert "\n" not in str(refused.value)
-    attach_gates(model, ["decoder", "decoder_layer"])  # heads and layers still gate
+    with pytest.raises(ValueError, match="placed by layer index"):
+        attach_gates(model, ["decoder_layer"])  # which layers are sparse follows their index
+    attach_gates(model, ["decoder", "cross"])  # heads still gate
 
 
 def _formula(model, gates) -> tuple[float, float]:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from gatedprune.structures.ffn import FFNError, is_moe
+
 
 @dataclass(frozen=True)
 class LayerSite:
@@ -44,6 +46,12 @@ class LayerSite:
 
 
 def layer_sites(model: nn.Module, layers_path: str, kind: str) -> list[LayerSite]:
-    return [LayerSite(f"{layers_path}.{i}", kind, i, layer, layers_path)
-            for i, layer in enumerate(model.get_submodule(layers_path))]
+    """Every layer of a stack; ``ValueError`` for a stack holding a mixture of experts, whose sparse layers are
+    placed by their index (every k-th): a model rebuilt after a layer goes would put them elsewhere."""
+    layers = model.get_submodule(layers_path)
+    if any(is_moe(layer) for layer in layers):
+        raise FFNError(f"{kind} of {type(model).__name__}: its layers hold a mixture of experts, placed by layer index "
+                       f"(every k-th layer is sparse), so a layer cannot go without moving them; allowed: the "
+                       f"attention kinds")
+    return [LayerSite(f"{layers_path}.{i}", kind, i, layer, layers_path) for i, layer in enumerate(layers)]
 

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from torch import nn
 
 from gatedprune.structures.adapters import AttentionSite, attention_sites, probe
-from gatedprune.structures.ffn import FFNSite
+from gatedprune.structures.ffn import FFNSite, is_moe
 from gatedprune.surgery.pruned_modeling import (
     CONFIG_KEY,
     drop_layers,
@@ -96,8 +96,11 @@ def check_plan(model: nn.Module, plan: Plan) -> dict[str, list[int]]:
     for path, values in plan.items():
         if path in stacks:
             checked[path] = _indices(path, values, len(model.get_submodule(path)), "layer", problems)
-            if stacks[path] == "decoder" and not checked[path] and len(model.get_submodule(path)):
+            layers = model.get_submodule(path)
+            if stacks[path] == "decoder" and not checked[path] and len(layers):
                 problems.append(f"{path}: a decoder keeps at least one layer (the plan keeps none)")
+            if len(checked[path]) < len(layers) and any(is_moe(layer) for layer in layers):
+                problems.append(f"{path}: its layers hold a mixture of experts placed by layer index, so none can go")
         else:
             site = sites[path]
             what = "head" if isinstance(site, AttentionSite) else "unit"

@@ -116,7 +116,8 @@ def prune_ffn(container: nn.Module, kept: list[int], ffn: dict) -> None:
 def _layer_count_names(stack: str, own: bool) -> tuple[str, ...]:
     """Config fields that count a stack's layers: on the model's config, the stack's own names; on a stack's own
     config (T5's stacks, T5Gemma's sub-configs), also the generic ones."""
-    names = {"encoder": ("encoder_layers", "num_layers"), "decoder": ("decoder_layers", "num_decoder_layers")}[stack]
+    names = {"encoder": ("encoder_layers", "num_layers", "encoder_num_hidden_layers"),
+             "decoder": ("decoder_layers", "num_decoder_layers", "decoder_num_hidden_layers")}[stack]
     return names + (("num_layers", "num_hidden_layers") if own else ())
 
 
