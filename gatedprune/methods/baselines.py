@@ -9,7 +9,9 @@ measure (the model with some heads masked) comes from a ``HeadProbe``, so they n
   layer-normalised), remove the least important in steps of 10% of all heads, optionally re-estimating after each.
 - ``AStar`` (Parnami et al. 2021): remove heads one at a time, the cheapest first, while the validation metric stays
   within a budget; a head's cost in the previous round is a lower bound, which spares most evaluations.
-- ``Random``: keep heads chosen at random with a seed; the floor every method must beat.
+- ``Random``: keep heads chosen at random with a seed; the floor every method must beat. With a feed-forward or
+  layer kind gated, it draws every gated structure at parameter budgets instead (``random_draw``); Michel and A*
+  score heads only and refuse those kinds.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from gatedprune.methods.base import Method
 from gatedprune.methods.budget import head_count
 from gatedprune.methods.gated import GatedPruning
 from gatedprune.methods.importance import rank_heads
+from gatedprune.methods.random_draw import check_floor, draw_within, param_fractions
+from gatedprune.structures.kinds import ATTENTION_KINDS
 
 Head = tuple[str, int]  # (attention module path, head index)
 Plan = dict[str, list[int]]
@@ -36,6 +40,8 @@ class HeadProbe(Protocol):
     """What a method may ask of the trained model (``gatedprune.methods.plan_run.MaskedModel`` answers)."""
 
     heads: list[Head]  # every gated head, in site order
+    gates: object  # the HeadGates of every gated kind, and the model they gate: a random draw at a parameter
+    model: object  # budget names whole plans and measures them (gatedprune.methods.random_draw)
 
     def plan(self, kept) -> Plan: ...
     def loss(self, kept) -> float: ...  # validation-subset loss with only ``kept`` heads
@@ -50,6 +56,16 @@ class Level:
     heads: int
     kept: list[Head]
     info: dict = field(default_factory=dict)
+    plan: Plan | None = None  # the whole plan (heads, units, layers) of a level drawn at a parameter budget
+    target_params: float | None = None  # that budget: at most this fraction of the non-embedding parameters kept
+
+    @property
+    def name(self) -> str:
+        """Its directory under ``<run>/levels/``."""
+        return f"{self.heads:03d}_heads" if self.target_params is None else f"params_{self.target_params:g}"
+
+    def __str__(self) -> str:
+        return f"{self.heads} heads" if self.target_params is None else f"params {self.target_params:g}"
 
 
 def head_counts(spec, total: int, name: str) -> list[int]:
@@ -75,12 +91,17 @@ class PlanMethod(Method):
     name: ClassVar[str] = "plan"
     needs_trained_model: ClassVar[bool] = True
     loads_checkpoint_itself: ClassVar[bool] = False  # the weights are loaded at set-up (prepare)
+    heads_only: ClassVar[bool] = True  # it scores heads: a feed-forward or layer kind is refused
     eval_pairs: int = 200  # the fixed validation subset a method measures on (the shortest sources first)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.eval_pairs < 1:
             raise ValueError(f"pruning.eval_pairs={self.eval_pairs}; allowed: an integer >= 1")
+        others = [kind for kind in self.kinds if kind not in ATTENTION_KINDS]
+        if self.heads_only and others:
+            raise ValueError(f"pruning={self.name} scores attention heads only; allowed kinds: "
+                             f"{', '.join(ATTENTION_KINDS)} (pruning.kinds names {', '.join(others)})")
 
     # ---- the run (gatedprune.methods.base.Method) ------------------------------------------------------------------
     def check_export(self, export) -> None:
@@ -97,8 +118,8 @@ class PlanMethod(Method):
         return saved["gate_kinds"]  # it takes the weights only: the gates the checkpoint has are what must match
 
     def gating(self) -> GatedPruning:
-        # the heads are gated only to be masked: the gates' own training settings do not apply
-        return GatedPruning(kinds=self.kinds, distill=self.distill)
+        # the structures are gated only to be masked: the gates' own training settings do not apply
+        return GatedPruning(kinds=self.kinds, ffn_group=self.ffn_group, distill=self.distill)
 
     def prepare(self, module, saved: dict | None) -> None:
         from gatedprune.methods.plan_run import load_weights
@@ -317,15 +338,44 @@ def search(heads: list[Head], worse: Callable[[list[Head]], float], budget: floa
 
 @dataclass
 class Random(PlanMethod):
-    """Keep ``heads`` heads (a count, a fraction, or a list of them: one level each) drawn at random with ``seed``.
+    """Structures drawn at random with ``seed``: the floor every method must beat.
 
-    The levels are nested: one permutation of all heads, the first k kept."""
+    Heads only (the default kinds, ``params`` null): keep ``heads`` heads (a count, a fraction, or a list of them: one
+    level each); the levels are nested: one permutation of all heads, the first k kept. With a feed-forward or layer
+    kind gated, or ``params`` set: every gated structure is drawn, one level per parameter budget in ``params`` (a
+    fraction of the non-embedding parameters kept, or a list of them; ``pruning=l0_budget``'s ``target_params``), see
+    ``gatedprune.methods.random_draw``."""
 
     name: ClassVar[str] = "random"
-    heads: list | int | float = 0.5
+    heads_only: ClassVar[bool] = False
+    heads: list | int | float | None = None  # null: 0.5 where heads are drawn
+    params: list | float | None = None  # null: 0.5 where another kind is gated
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        others = [kind for kind in self.kinds if kind not in ATTENTION_KINDS]
+        if self.heads is not None and (others or self.params is not None):
+            why = f"pruning.kinds names {', '.join(others)}" if others else f"pruning.params={self.params!r} is set"
+            raise ValueError(f"pruning.heads={self.heads!r} while {why}: random then draws every gated structure at "
+                             "parameter budgets; allowed: pruning.heads=null and pruning.params=<fractions of the "
+                             "non-embedding parameters kept>")
+        if others and self.params is None:
+            self.params = 0.5
+        if self.params is None and self.heads is None:
+            self.heads = 0.5  # as it always was
+        if self.params is not None:
+            param_fractions(self.params)
+
+    def prepare(self, module, saved: dict | None) -> None:
+        if self.params is not None:  # a budget below what the model can reach is refused at set-up
+            check_floor(module.gates, module.model, param_fractions(self.params))
+        super().prepare(module, saved)
+
     def levels(self, probe: HeadProbe) -> list[Level]:
+        if self.params is not None:
+            return [Level(draw.heads_kept, draw.heads, draw.info, plan=draw.plan, target_params=draw.fraction)
+                    for draw in draw_within(probe.gates, probe.model, param_fractions(self.params), self.seed)]
         order = torch.randperm(len(probe.heads), generator=torch.Generator().manual_seed(self.seed)).tolist()
         return [Level(count, sorted(probe.heads[i] for i in order[:count]), {"seed": self.seed})
                 for count in head_counts(self.heads, len(probe.heads), "pruning.heads")]

@@ -4,8 +4,9 @@ The model comes from ``resume=`` (a dense run or its checkpoint: its weights; an
 ``model=pretrained``. The method asks a ``MaskedModel`` what it needs (loss, BLEU, importance with some heads
 masked) and returns its levels. The levels it exports (all, or those it chooses by their masked validation BLEU)
 go through the same export, verification, reload, test scoring and fine-tuning as a gated run's
-(``finalise.ship``), each into ``<run>/levels/<heads>_heads/`` with its own ``metrics.json``. The run's
-``metrics.json`` describes the last level exported (the fewest heads) and lists every level.
+(``finalise.ship``), each into ``<run>/levels/<heads>_heads/`` (``params_<fraction>/`` for a level drawn at a
+parameter budget, which names its whole plan) with its own ``metrics.json``. The run's ``metrics.json`` describes the
+last level exported (the fewest heads, or the smallest budget) and lists every level.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from gatedprune.reports.scoring import corpus_scores, generate, token_cross_entr
 from gatedprune.errors import RunFailed
 from gatedprune.shipping.finalise import UNTUNED, headline, ship, tuning_error
 from gatedprune.methods.importance import head_importance
+from gatedprune.structures.kinds import ATTENTION_KINDS
 from gatedprune.training.module import GatedSeq2Seq
 from gatedprune.training.session import Session
 from gatedprune.reports.metrics import checkpoint_record, export_plan, heads_in_model, heads_kept
@@ -42,7 +44,9 @@ class MaskedModel:
 
     def __init__(self, module: GatedSeq2Seq, datamodule, eval_pairs: int, device: torch.device):
         self.module, self.model, self.gates = module, module.model.eval(), module.gates  # on ``device`` already
-        self.heads: list[Head] = [(path, head) for path, _, _, head in self.gates.index()]
+        # heads only: the methods that score a model score heads (a random draw of other kinds names its whole plan)
+        self.heads: list[Head] = [(path, head) for path, kind, _, head in self.gates.index() if kind in ATTENTION_KINDS]
+        self.attention = [path for path, kind in zip(self.gates.paths, self.gates.kinds) if kind in ATTENTION_KINDS]
         self.device = device
         batches, taken = [], 0
         for batch in datamodule.loader("validation", shard=False):
@@ -54,7 +58,7 @@ class MaskedModel:
         self.evaluations = 0
 
     def plan(self, kept) -> dict[str, list[int]]:
-        plan = {path: [] for path in self.gates.paths}
+        plan = {path: [] for path in self.attention}
         for path, head in kept:
             plan[path].append(head)
         return {path: sorted(heads) for path, heads in plan.items()}
@@ -86,6 +90,11 @@ class MaskedModel:
     def importance(self, kept, layer_norm_exponent: float | None) -> dict[str, torch.Tensor]:
         self._mask(kept)
         return head_importance(self.model, self.batches, layer_norm_exponent, kinds=self.module.pruning.kinds)
+
+
+def level_plan(probe: MaskedModel, level: Level) -> dict[str, list[int]]:
+    """What a level keeps: its own plan where it names one (every kind), else its kept heads'."""
+    return probe.plan(level.kept) if level.plan is None else level.plan
 
 
 def check_dense(path: Path, saved: dict) -> None:
@@ -132,7 +141,7 @@ def run(session: Session, method: PlanMethod) -> dict:
     chosen = levels
     if method.choose_by_bleu():  # the levels as masked, on the whole validation split, to choose from
         for level in levels:
-            gates.fix_(probe.plan(level.kept)).set_mode("binary")
+            gates.fix_(level_plan(probe, level)).set_mode("binary")
             level.info["validation"] = headline(module.score_split(model, "validation", datamodule))
         chosen = method.choose([(level, level.info["validation"]["bleu"]) for level in levels],
                                dense["validation"]["bleu"])
@@ -145,8 +154,8 @@ def run(session: Session, method: PlanMethod) -> dict:
                   params_before=sum(p.numel() for p in model.parameters()))
     exported = {}
     for level in chosen:
-        level_dir = run_dir / "levels" / f"{level.heads:03d}_heads"
-        gates.fix_(probe.plan(level.kept)).set_mode("binary")
+        level_dir = run_dir / "levels" / level.name
+        gates.fix_(level_plan(probe, level)).set_mode("binary")
         started = time.perf_counter()
         shipped = ship(session, val_pairs, rule="binary", top_k=None, out_dir=level_dir / "pruned",
                        finetune_dir=level_dir / "pruned_finetuned", score_test=has_test)
@@ -155,32 +164,32 @@ def run(session: Session, method: PlanMethod) -> dict:
         metrics = level_metrics(level, shipped, time.perf_counter() - started, **common)
         metrics["seconds"]["run"] = time.perf_counter() - run_start  # the run up to this level's export
         write_json(level_dir / "metrics.json", metrics)
-        exported[level.heads] = metrics
+        exported[level.name] = metrics
     gates.set_mode("open")
 
-    def test_bleu(heads: int, which: str) -> float | None:
-        return ((exported[heads]["test"] if heads in exported else {}).get(which) or {}).get("bleu")
+    def test_bleu(name: str, which: str) -> float | None:
+        return ((exported[name]["test"] if name in exported else {}).get(which) or {}).get("bleu")
 
-    def tuning_failed(heads: int) -> str | None:  # the level's fine-tune diverged: its export is what it ships
-        return ((exported.get(heads) or {}).get("finetune") or {}).get("error")
+    def tuning_failed(name: str) -> str | None:  # the level's fine-tune diverged: its export is what it ships
+        return ((exported.get(name) or {}).get("finetune") or {}).get("error")
 
-    def tuned(heads: int) -> bool:
-        return bool(tuning.steps) and not tuning_failed(heads)
+    def tuned(name: str) -> bool:
+        return bool(tuning.steps) and not tuning_failed(name)
 
     # test BLEU of the export as verified, and of the fine-tuned model where there is one
-    summary = [{"heads": level.heads, **level.info, "exported": level.heads in exported,
-                "test_bleu": test_bleu(level.heads, "pruned_before_finetune" if tuned(level.heads) else "pruned"),
-                "test_bleu_finetuned": test_bleu(level.heads, "pruned") if tuned(level.heads) else None,
-                **({"finetune_error": tuning_failed(level.heads)} if tuning_failed(level.heads) else {})}
+    summary = [{"heads": level.heads, "name": level.name, **level.info, "exported": level.name in exported,
+                "test_bleu": test_bleu(level.name, "pruned_before_finetune" if tuned(level.name) else "pruned"),
+                "test_bleu_finetuned": test_bleu(level.name, "pruned") if tuned(level.name) else None,
+                **({"finetune_error": tuning_failed(level.name)} if tuning_failed(level.name) else {})}
                for level in levels]
-    metrics = {**exported[chosen[-1].heads], "levels": summary}
+    metrics = {**exported[chosen[-1].name], "levels": summary}
     write_json(run_dir / "metrics.json", metrics)
     print(levels_table(metrics))
-    failed = [heads for heads in exported if tuning_failed(heads)]
+    failed = [level for level in chosen if tuning_failed(level.name)]
     if failed:  # every level was shipped (the failed ones as exported and verified); the run still failed
         raise RunFailed(
-            f"fine-tuning failed at {len(failed)} of {len(exported)} levels ({', '.join(f'{h} heads' for h in failed)}): "
-            f"{tuning_failed(failed[0])}; each ships its export as verified (its metrics.json says so)"
+            f"fine-tuning failed at {len(failed)} of {len(exported)} levels ({', '.join(map(str, failed))}): "
+            f"{tuning_failed(failed[0].name)}; each ships its export as verified (its metrics.json says so)"
             + ("; the other levels were fine-tuned" if len(failed) < len(exported) else "")
         )
     return metrics
@@ -202,13 +211,15 @@ def level_metrics(level: Level, shipped: dict, ship_seconds: float, *, method: s
         "heads_alive": heads_kept(export), "params": export["params_after"], "plan": export_plan(export),
         "heads_total": totals["total"], "heads_per_kind": totals,
         "params_before": params_before,
-        "l0_lambda": None, "target_heads": level.heads, "settings": settings, "level": level.info,
+        "l0_lambda": None, "target_heads": level.heads if level.target_params is None else None,
+        "target_params": level.target_params, "settings": settings, "level": level.info,
         "seconds": {"method": seconds, "export_and_score": ship_seconds}, "evaluations": evaluations,
         "checkpoint": checkpoint,
         "dense": {"bleu": dense["validation"]["bleu"], "chrf": dense["validation"]["chrf"],
                   "loss": dense["validation"]["loss"]},
         "test": test or {"note": "no test split: the data source was given none"},
         "export": {"dir": export["dir"], "rule": export["rule"], "heads_kept": export["heads_kept"],
+                   **{key: export[key] for key in ("units_kept", "layers_kept") if export.get(key)},
                    "params": export["params_after"], "verification": export["verification"]},
         **({"finetune": finetuned} if finetuned else {}),
         "seed": seed, "versions": versions(),
@@ -217,20 +228,25 @@ def level_metrics(level: Level, shipped: dict, ship_seconds: float, *, method: s
 
 def levels_table(metrics: dict) -> str:
     """Every level: heads kept, validation BLEU and loss and test BLEU of the export as verified, and the test BLEU
-    of the fine-tuned model where the levels were fine-tuned."""
+    of the fine-tuned model where the levels were fine-tuned; levels drawn at parameter budgets lead with the budget
+    and the fraction of the non-embedding parameters kept."""
     tuned = any(level.get("test_bleu_finetuned") is not None for level in metrics["levels"])
+    budgets = any(level.get("target_params") is not None for level in metrics["levels"])
 
     def bleu(value) -> str:
         return "-" if value is None else f"{value:.2f}"
 
-    rows = [(level["heads"], *((f"{level['validation']['bleu']:.2f}", f"{level['validation']['loss']:.3f}")
-                               if "validation" in level else ("-", "-")),
+    rows = [(*((f"{level['target_params']:g}", f"{level['params_kept']:.4f}") if budgets else ()), level["heads"],
+             *((f"{level['validation']['bleu']:.2f}", f"{level['validation']['loss']:.3f}")
+               if "validation" in level else ("-", "-")),
              bleu(level["test_bleu"]), *([bleu(level["test_bleu_finetuned"])] if tuned else []))
             for level in metrics["levels"]]
     dense = metrics["dense"]
     dense_test = metrics["test"]["dense"]["bleu"] if "dense" in metrics["test"] else None
-    rows.insert(0, (metrics["heads_total"], f"{dense['bleu']:.2f}", f"{dense['loss']:.3f}", bleu(dense_test),
-                    *(["-"] if tuned else [])))
-    return (f"{metrics['method']}: heads kept per level (first row: the model pruned from)\n"
-            + format_table(["heads", "validation BLEU", "validation loss", "test BLEU (exported)",
-                            *(["test BLEU (fine-tuned)"] if tuned else [])], rows))
+    rows.insert(0, (*(("-", "1") if budgets else ()), metrics["heads_total"], f"{dense['bleu']:.2f}",
+                    f"{dense['loss']:.3f}", bleu(dense_test), *(["-"] if tuned else [])))
+    what = "parameter budget, non-embedding parameters and heads kept" if budgets else "heads kept"
+    return (f"{metrics['method']}: {what} per level (first row: the model pruned from)\n"
+            + format_table([*(["params budget", "params kept"] if budgets else []), "heads", "validation BLEU",
+                            "validation loss", "test BLEU (exported)", *(["test BLEU (fine-tuned)"] if tuned else [])],
+                           rows))
