@@ -114,7 +114,8 @@ def sweep_command(argv: Sequence[str] | None = None) -> int:
         if args.wandb:
             log_to_wandb(rows, out / "pareto.png", sweep_name(args.multirun_dir), out)
         print((out / "summary.md").read_text(), end="")
-        print(f"wrote {out / 'summary.csv'}, {out / 'summary.md'}, {out / 'pareto.png'}")
+        written = [out / name for name in ("summary.csv", "summary.md", "pareto.png", "pareto_params.png")]
+        print("wrote " + ", ".join(str(path) for path in written if path.exists()))
 
     return run_reported(run)
 

@@ -19,7 +19,8 @@ from helpers import ROOT, compose_train, offline_env
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-OUTPUTS = {"summary.csv", "summary.md", "pareto.png"}
+# pareto_params.png: the runs below have their exported parameter counts
+OUTPUTS = {"summary.csv", "summary.md", "pareto.png", "pareto_params.png"}
 
 
 def _metrics(lam, bleu, alive, dense_bleu=20.0, method=None) -> dict:

@@ -26,7 +26,7 @@ from gatedprune.methods.importance import head_importance
 from gatedprune.structures.kinds import ATTENTION_KINDS
 from gatedprune.training.module import GatedSeq2Seq
 from gatedprune.training.session import Session
-from gatedprune.reports.metrics import checkpoint_record, export_plan, heads_in_model, heads_kept
+from gatedprune.reports.metrics import checkpoint_record, export_plan, exported_structures, heads_in_model, heads_kept
 from gatedprune.versions import versions
 from gatedprune.utils import format_table, write_json
 
@@ -209,6 +209,7 @@ def level_metrics(level: Level, shipped: dict, ship_seconds: float, *, method: s
         "method": method, "model": name,
         "bleu": exported["bleu"], "chrf": exported["chrf"], "val_loss": exported["loss"],
         "heads_alive": heads_kept(export), "params": export["params_after"], "plan": export_plan(export),
+        **dict(zip(("kept", "kept_total"), exported_structures(export))),
         "heads_total": totals["total"], "heads_per_kind": totals,
         "params_before": params_before,
         "l0_lambda": None, "target_heads": level.heads if level.target_params is None else None,

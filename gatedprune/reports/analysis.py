@@ -8,6 +8,10 @@ the first ``--max-pairs`` pairs of the split, teacher-forced. Writes into ``--ou
 ``heads.csv`` and ``heads.md`` (one row per head, the columns of ``COLUMNS``) and ``heatmap_<column>.png`` (layer x
 head, a panel per attention kind). Attention weights need the eager implementation: the loaded model is switched to
 it for the analysis only; training is untouched.
+
+An export may have lost FFN units and whole layers too: its layers are renumbered (the record's ``kept_layers`` maps
+a stack's layer now to its original one). Heads are reported by their original layer, the heads of a dropped layer
+are absent (a grey row in the heatmaps), and ``heads.md`` says what else was removed.
 """
 
 from __future__ import annotations
@@ -23,17 +27,20 @@ from torch import nn
 from tqdm import tqdm
 
 from gatedprune.structures.adapters import AttentionSite, attention_sites
+from gatedprune.structures.kinds import ATTENTION_KINDS, FFN_KINDS, KINDS, STACKS
 from gatedprune.errors import RunFailed
 from gatedprune.data import SPLITS, collate_pairs
 from gatedprune.reports.scoring import cross_entropy, teacher_forced_inputs
 from gatedprune.reports.evaluate import run_of, split_data, train_config
 from gatedprune.structures.masking import masked_heads
 from gatedprune.surgery.cut import plan_record
+from gatedprune.surgery.record import current_record
 
 COLUMNS = {
     "path": "the attention module (its name in named_modules: the key of gates and plans)",
     "kind": "encoder (self-attention), decoder (self-attention) or cross (decoder-encoder attention)",
-    "layer": "the layer in its stack",
+    "layer": "the layer in its stack, numbered as in the unpruned model (an export whose layers were dropped keeps "
+             "the original numbers; path names the module as it is now)",
     "head": "the head's number in the unpruned model (an export keeps its original numbering)",
     "log_alpha": "the hard-concrete gate's log_alpha in the run's last checkpoint; empty for a model directory",
     "p_open": "P(gate != 0) = sigmoid(log_alpha - beta log(-gamma/zeta)); empty for a model directory",
@@ -271,8 +278,38 @@ def ablation_effects(model: nn.Module, batches: Sequence[dict], heads: dict[str,
 @dataclass
 class Report:
     rows: list[dict]  # one per head: the columns of COLUMNS
-    modules: list[tuple[str, str, int, int]]  # (path, kind, layer, heads before pruning) of every attention module
+    # (path, kind, original layer, heads before pruning) of every attention module, by kind and layer; path None for
+    # one whose layer was dropped (it has no heads left)
+    modules: list[tuple[str | None, str, int, int]]
     about: dict  # what was analysed, on which data, and the model's loss there
+
+
+def original_layers(model: nn.Module) -> dict[str, list[int]]:
+    """``{stack: the original index of each layer present}`` (the identity for a model whose layers all remain)."""
+    return current_record(model)["kept_layers"]
+
+
+def structures_removed(model: nn.Module) -> dict:
+    """What the model lost beside heads: ``{"layers": {stack: (dropped original indices, layers before)},
+    "units": {kind: (kept, before)}}``, the units of a dropped layer counted as removed."""
+    record = current_record(model)
+    dropped = [entry for entries in record["dropped"].values() for entry in entries]
+    layers = {stack: (sorted(set(range(n)) - set(record["kept_layers"].get(stack, range(n)))), n)
+              for stack in STACKS if stack in record["num_layers"] for n in [record["num_layers"][stack]]}
+    units = {kind: (sum(len(kept) for kept in per_path.values()),
+                    sum(record["num_units"][p] for p in per_path) + sum(e["units"].get(kind, 0) for e in dropped))
+             for kind in FFN_KINDS if kind in record["kept_units"] for per_path in [record["kept_units"][kind]]}
+    return {"layers": layers, "units": units}
+
+
+def report_modules(model: nn.Module, sites: list[AttentionSite]) -> list[tuple[str | None, str, int, int]]:
+    """``Report.modules``: the attention modules present at their original layers, and the heads every dropped layer
+    had (no path), by kind and original layer."""
+    record, layers = current_record(model), original_layers(model)
+    modules = [(s.path, s.kind, layers[KINDS[s.kind].stack][s.layer], original_heads(model, s)) for s in sites]
+    for stack, entries in record["dropped"].items():
+        modules += [(None, kind, entry["layer"], heads) for entry in entries for kind, heads in entry["heads"].items()]
+    return sorted(modules, key=lambda m: (ATTENTION_KINDS.index(m[1]), m[2]))
 
 
 def analyze(path: str | Path, split: str = "validation", max_pairs: int = DEFAULT_MAX_PAIRS,
@@ -310,12 +347,12 @@ def analyze(path: str | Path, split: str = "validation", max_pairs: int = DEFAUL
                                   progress)
     importance = head_importance(model, batches, progress=sys.stderr.isatty() if progress is None else progress)
     base, ablation = ablation_effects(model, batches, {p: [i for i, _ in hs] for p, hs in heads.items()}, progress)
-    rows = []
+    rows, layers = [], original_layers(model)
     for site in sites:
         log_alpha, p_open = subject.gates.get(site.path, (None, None))
         scores = importance.get(site.path)
         for index, head in heads[site.path]:
-            row = {"path": site.path, "kind": site.kind, "layer": site.layer, "head": head,
+            row = {"path": site.path, "kind": site.kind, "layer": layers[KINDS[site.kind].stack][site.layer], "head": head,
                    "log_alpha": log_alpha[index] if log_alpha else None, "p_open": p_open[index] if p_open else None,
                    "importance": float(scores[index]) if scores is not None and len(scores) > index else None,
                    "ablation": ablation[site.path][index]}
@@ -324,9 +361,9 @@ def analyze(path: str | Path, split: str = "validation", max_pairs: int = DEFAUL
     about = {
         "subject": subject.description, "name": subject.name, "split": split, "pairs": sum(len(b["input_ids"]) for b in batches),
         "data": data.describe()["source"], "loss": base, "train_counts": counts is not None,
-        "target_tokens": sum(int((b["labels"] != -100).sum()) for b in batches),
+        "target_tokens": sum(int((b["labels"] != -100).sum()) for b in batches), "removed": structures_removed(model),
     }
-    return Report(rows, [(s.path, s.kind, s.layer, original_heads(model, s)) for s in sites], about)
+    return Report(rows, report_modules(model, sites), about)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,7 @@
-"""The head report's files: ``heads.csv``, ``heads.md`` and the layer x head heatmaps of ``analysis.analyze``."""
+"""The head report's files: ``heads.csv``, ``heads.md`` and the layer x head heatmaps of ``analysis.analyze``.
+
+Layers are numbered as in the unpruned model throughout (an export whose layers were dropped included); a dropped
+layer is a grey row of the heatmaps, and ``heads.md`` says which layers and how many FFN units went."""
 
 from __future__ import annotations
 
@@ -39,6 +42,9 @@ def heads_markdown(report: Report) -> str:
         f"{about['subject']}; {about['pairs']} pairs of the {about['split']} split ({about['data']}), "
         f"{about['target_tokens']} target tokens, teacher-forced loss {about['loss']:.4f} nats per token.", "",
     ]
+    removed = _removed_line(about.get("removed"))
+    if removed:
+        lines += [removed, ""]
     positional = [r for r in rows if any((r[p] or 0) >= 0.9 for p in POSITIONS)]
     if positional:  # Voita et al.: a positional head points at one relative position at least 90% of the time
         lines += ["Positional heads (>= 90% of query tokens to one neighbour): " + ", ".join(
@@ -51,6 +57,17 @@ def heads_markdown(report: Report) -> str:
     lines += ["## Columns", "", *(f"- `{c}`: {COLUMNS[c]}" for c in COLUMNS), "", QUERY_TOKENS, "",
               "## Heads", "", markdown_table(["module", *shown], [(r["path"], *(short(r[c]) for c in shown)) for r in rows])]
     return "\n".join(lines)
+
+
+def _removed_line(removed: dict | None) -> str:
+    """What the model lost beside heads, in one sentence; empty when it lost nothing else."""
+    if not removed:
+        return ""
+    parts = [f"{stack} layer{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} of {n}"
+             for stack, (gone, n) in removed["layers"].items() if gone]
+    parts += [f"{kind}: {kept} of {n} units kept" for kind, (kept, n) in removed["units"].items() if kept < n]
+    return ("Removed beside heads (layers in the original numbering; their heads are absent): " + "; ".join(parts)
+            + ".") if parts else ""
 
 
 HEATMAPS = {  # column -> (what it shows, colour bar label, colour map, range: (low, high), "data" or "symmetric")

@@ -1,10 +1,14 @@
 """What a finished run reports: ``metrics.json`` and the final table.
 
-The top-level numbers (``bleu``, ``chrf``, ``val_loss``, ``heads_alive``, ``params``) describe the model a user
-ships: the exported, physically pruned model, reloaded from its directory and scored there. Without an export they
+The top-level numbers (``bleu``, ``chrf``, ``val_loss``, ``heads_alive``, ``kept``, ``params``) describe the model a
+user ships: the exported, physically pruned model, reloaded from its directory and scored there. Without an export they
 are the gated model's under ``pruning.eval_gate_mode``, and ``model`` says so. The gated model's own validation
 stays under ``gated``; ``test`` holds the test split of the dense model (end of the dense phase, or the model the
 run started from) beside that of the final model, decoded the same way.
+
+``heads_alive`` counts attention heads only (``{"total", kind...}``); ``kept`` and ``kept_total`` count every kind the
+model has, ``{kind: n}``: heads, FFN units (``encoder_ffn``, ``decoder_ffn``) and layers (``encoder_layer``,
+``decoder_layer``), a head or unit of a dropped layer counted as removed.
 """
 
 from __future__ import annotations
@@ -13,8 +17,14 @@ from pathlib import Path
 
 import lightning as L
 
+from gatedprune.structures.adapters import attention_sites, probe
+from gatedprune.structures.kinds import ALL_KINDS, ATTENTION_KINDS, KINDS, layer_kind
+from gatedprune.surgery.record import model_ffn_sites
 from gatedprune.versions import versions
 from gatedprune.utils import format_table
+
+# the final table's row label of a kind that is not attention heads, by its structure
+ROW_LABELS = {"units": "FFN units alive", "layer": "layers alive"}
 
 
 def budget_objective(metrics: dict, budget: int | None) -> float:
@@ -36,6 +46,45 @@ def heads_in_model(export_report: dict) -> dict[str, int]:
     """``{"total", kind...: heads}`` the unpruned model had, over the kinds the export counts (gated or not), so
     ``heads_alive`` and ``heads_total`` of an exported model count the same heads."""
     return {kind: total for kind, (_, total) in export_report["heads_kept"].items()}
+
+
+def heads_only(per_kind: dict[str, int]) -> dict[str, int]:
+    """``{"total", attention kind...: n}`` of per-kind counts that may also count FFN units and layers."""
+    return {kind: n for kind, n in per_kind.items() if kind == "total" or kind in ATTENTION_KINDS}
+
+
+def exported_structures(export_report: dict) -> tuple[dict[str, int], dict[str, int]]:
+    """``({kind: kept}, {kind: before pruning})`` of every kind an export report counts: heads, FFN units and layers
+    (reports written before units and layers could go count heads only)."""
+    pairs = {kind: pair for field in ("heads_kept", "units_kept", "layers_kept")
+             for kind, pair in export_report.get(field, {}).items() if kind != "total"}
+    ordered = [kind for kind in ALL_KINDS if kind in pairs]
+    return {kind: pairs[kind][0] for kind in ordered}, {kind: pairs[kind][1] for kind in ordered}
+
+
+def model_structures(model) -> list[tuple[str, int, int]]:
+    """``(kind, layer, size)`` of every prunable structure of ``model``: heads of an attention module, units of a
+    feed-forward block, 1 for a layer."""
+    found = [(s.kind, s.layer, s.num_heads) for s in attention_sites(model)]
+    found += [(s.kind, s.layer, s.width) for s in model_ffn_sites(model)]  # none for a mixture of experts
+    for stack, path in probe(model).layers.items():
+        found += [(layer_kind(stack), i, 1) for i in range(len(model.get_submodule(path)))]
+    return found
+
+
+def gated_structures(gates, model) -> tuple[dict[str, int], dict[str, int]]:
+    """``({kind: kept}, {kind: in the model})`` under the binary rule, for every kind ``model`` has: a gated kind as
+    its gates say (nesting-aware), a kind not gated whole, less what lies in a layer the plan drops (the export
+    counts those as removed too)."""
+    plan = gates.plan(note=False)
+    alive, dropped = gates.alive(plan), gates.dropped(plan)
+    kept, total = dict.fromkeys(ALL_KINDS, 0), dict.fromkeys(ALL_KINDS, 0)
+    for kind, layer, size in model_structures(model):
+        total[kind] += size
+        kept[kind] += 0 if (KINDS[kind].stack, layer) in dropped else size
+    kept.update({kind: n for kind, n in alive.items() if kind != "total"})
+    has = [kind for kind in ALL_KINDS if total[kind]]
+    return {kind: kept[kind] for kind in has}, {kind: total[kind] for kind in has}
 
 
 def export_plan(export_report: dict) -> dict[str, list[int]]:
@@ -64,28 +113,32 @@ def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoin
     """
     pruning, gates = module.pruning, module.gates
     gated = module.gates_trained  # False for a run that ended before pruning.start_step: a dense baseline
+    kept, in_model = gated_structures(gates, module.model)
     gated_numbers = {
         "bleu": final["val/bleu"], "chrf": final["val/chrf"], "val_loss": final["val/loss"],
-        "heads_alive": gates.heads_alive() if gated else module.heads_total(),
+        "heads_alive": heads_only(gates.heads_alive() if gated else module.heads_total()),
+        "kept": kept if gated else in_model,
         "expected_open": final["val/expected_open"], "gate_mode": module._eval_gate_mode(),
     }
     params_before = sum(p.numel() for p in module.model.parameters())
     if exported is not None:
         name = f"exported, fine-tuned {finetuned['steps']} steps ({finetuned['dir']})" if finetuned else "exported"
+        kept, in_model = exported_structures(export)
         described = {"model": name, "bleu": exported["bleu"], "chrf": exported["chrf"],
-                     "val_loss": exported["loss"], "heads_alive": heads_kept(export), "params": export["params_after"],
-                     "plan": export_plan(export)}
+                     "val_loss": exported["loss"], "heads_alive": heads_kept(export), "kept": kept,
+                     "params": export["params_after"], "plan": export_plan(export)}
     else:
         described = {"model": f"gated (pruning.eval_gate_mode={gated_numbers['gate_mode']})" if gated else "dense",
-                     **{k: gated_numbers[k] for k in ("bleu", "chrf", "val_loss", "heads_alive")},
+                     **{k: gated_numbers[k] for k in ("bleu", "chrf", "val_loss", "heads_alive", "kept")},
                      "params": params_before, "plan": gates.plan()}
     # gated heads; with an export, every head of the model (an ungated kind keeps all of its heads)
-    per_kind = heads_in_model(export) if exported is not None else module.heads_total()
+    per_kind = heads_in_model(export) if exported is not None else heads_only(module.heads_total())
     metrics = {
         "method": "gated" if gated else "dense",
         **described,
         "heads_total": per_kind["total"],
         "heads_per_kind": per_kind,
+        "kept_total": in_model,  # every kind the model has (heads, FFN units, layers), before pruning
         "params_before": params_before,
         "gated": gated_numbers,
         "expected_open": final["val/expected_open"],
@@ -112,6 +165,7 @@ def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoin
     if export is not None:
         metrics["export"] = {
             "dir": export["dir"], "rule": export["rule"], "heads_kept": export["heads_kept"],
+            "units_kept": export.get("units_kept", {}), "layers_kept": export.get("layers_kept", {}),
             "params": export["params_after"], "verification": export["verification"],
         }
     if finetuned is not None:
@@ -146,15 +200,26 @@ def final_table(metrics: dict) -> str:
     for kind, total in metrics["heads_per_kind"].items():
         rows.append((f"heads alive: {kind}", *(f"{(c['heads_alive'] or {}).get(kind, total)} / {total}"
                                                for c in columns.values())))
+    for kind, total in metrics.get("kept_total", {}).items():  # FFN units and layers, by stack
+        if KINDS[kind].structure in ROW_LABELS:
+            rows.append((f"{ROW_LABELS[KINDS[kind].structure]}: {KINDS[kind].stack}",
+                         *(f"{(c.get('kept') or {}).get(kind, total)} / {total}" for c in columns.values())))
     rows.append(("parameters", *(f"{c['params']:,}" for c in columns.values())))
     table = format_table(["", *columns], rows)
     notes = [f"the top-level numbers of metrics.json describe: {metrics['model']}"]
     if metrics["method"] == "gated":
+        target = (f"target heads {metrics['target_heads']}" if metrics.get("target_params") is None
+                  else f"target params {metrics['target_params']} of the non-embedding parameters")
         notes.append(f"expected open heads {metrics['expected_open']:.1f}; l0_lambda {metrics['l0_lambda']} "
-                     f"({metrics['penalty_normalisation']}); target heads {metrics['target_heads']}")
+                     f"({metrics['penalty_normalisation']}); {target}")
     for group, state in (metrics["budget"] or {}).items():
-        notes.append(f"head budget ({group}): target {state['target']}, expected open heads at the end "
-                     f"{state['expected_open']:.1f}; the export keeps exactly the target (top-k)")
+        if "expected_kept" in state:  # a parameter budget (ParamBudget): fractions of the non-embedding parameters
+            notes.append(f"parameter budget: target {state['target']:.3g} of the non-embedding parameters, expected "
+                         f"kept at the end {state['expected_kept']:.3g}; the export keeps the most open structures "
+                         "that fit the target")
+        else:
+            notes.append(f"head budget ({group}): target {state['target']}, expected open heads at the end "
+                         f"{state['expected_open']:.1f}; the export keeps exactly the target (top-k)")
     if "note" in test:
         notes.append(test["note"])
     else:

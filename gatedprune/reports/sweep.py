@@ -1,7 +1,9 @@
 """Summarise a sweep: one row per run of a Hydra multirun, BLEU against heads kept, optionally logged to W&B.
 
 `gatedprune-sweep multirun/<date>/<time> [--out DIR] [--wandb]` (or `python -m gatedprune sweep ...`) writes `summary.csv`, `summary.md` and
-`pareto.png`. Runs that failed or have not finished are listed with their status, never plotted.
+`pareto.png` (BLEU against heads kept), and `pareto_params.png` (BLEU against parameters kept, so that runs pruning FFN
+units and layers compare) where a finished run has its parameter count. Runs that failed or have not finished are
+listed with their status, never plotted.
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ KINDS = ("encoder", "decoder", "cross")
 STATUSES = ("done", "failed", "interrupted", "running", "unknown")
 COLUMNS = [
     "run", "method", "lambda", "seed", "heads_encoder", "heads_decoder", "heads_cross", "heads_alive", "heads_total",
-    "bleu", "chrf", "test_bleu", "test_chrf", "test_bleu_before_finetune", "dense_bleu", "params", "seconds", "status", "error",
+    "units_encoder", "units_decoder", "layers_encoder", "layers_decoder", "bleu", "chrf", "test_bleu", "test_chrf", "test_bleu_before_finetune", "dense_bleu", "params", "seconds", "status", "error",
 ]
+# FFN units and layers kept per stack: column -> kind in metrics.json's "kept" (runs written before it: empty)
+STRUCTURES = {"units_encoder": "encoder_ffn", "units_decoder": "decoder_ffn", "layers_encoder": "encoder_layer",
+              "layers_decoder": "decoder_layer"}
 # what may differ between the runs of one seed group besides the seed: where they started from and wrote to
 _NOT_SETTINGS = ("seed", "resume", "paths", "hydra")
 
@@ -84,6 +89,7 @@ def read_run(run_dir: Path, root: Path) -> dict:
         "method": metrics.get("method", "gated"),
         "lambda": metrics.get("l0_lambda"),
         **{f"heads_{kind}": alive.get(kind) for kind in KINDS},  # only the gated kinds are there
+        **{column: (metrics.get("kept") or {}).get(kind) for column, kind in STRUCTURES.items()},
         "heads_alive": alive.get("total"),
         "heads_total": metrics.get("heads_total"),
         "bleu": metrics.get("bleu"),
@@ -100,7 +106,8 @@ def read_run(run_dir: Path, root: Path) -> dict:
 
 
 def summarise(multirun_dir: str | Path, out_dir: str | Path | None = None) -> list[dict]:
-    """Read every run under ``multirun_dir``; write summary.csv, summary.md and pareto.png to ``out_dir``.
+    """Read every run under ``multirun_dir``; write summary.csv, summary.md, pareto.png (and pareto_params.png where
+    a finished run has its parameter count) to ``out_dir``.
 
     ``out_dir`` defaults to ``multirun_dir``. Rows are sorted by lambda (runs without one last), then method.
     Raises NoRunsError, writing nothing, when there is no run to summarise.
@@ -119,6 +126,8 @@ def summarise(multirun_dir: str | Path, out_dir: str | Path | None = None) -> li
     atomic_write_text(out / "summary.csv", to_csv(rows))
     atomic_write_text(out / "summary.md", to_markdown(rows, root))
     plot_pareto(rows, out / "pareto.png", title=sweep_name(root))
+    if any(g["params"] is not None for g in seed_groups(rows)):
+        plot_pareto(rows, out / "pareto_params.png", title=sweep_name(root), x="params")
     return rows
 
 
@@ -140,7 +149,8 @@ def dense_baseline(rows: list[dict]) -> tuple[float, int] | None:
 
 def seed_groups(rows: list[dict]) -> list[dict]:
     """Finished runs grouped by their settings with the seed (and resume point, output paths) left out: mean and
-    sample standard deviation of BLEU, test BLEU and heads kept over the seeds of each group, in row order."""
+    sample standard deviation of BLEU, test BLEU, heads and parameters kept over the seeds of each group, in row
+    order."""
     groups: dict[str, list[dict]] = {}
     for row in rows:
         if row["status"] == "done" and row["bleu"] is not None and row["heads_alive"] is not None:
@@ -155,12 +165,13 @@ def seed_groups(rows: list[dict]) -> list[dict]:
     summary = []
     for members in groups.values():
         first = members[0]
-        (bleu, bleu_sd), (test, test_sd), (heads, heads_sd) = (
-            spread([r[key] for r in members]) for key in ("bleu", "test_bleu", "heads_alive"))
+        (bleu, bleu_sd), (test, test_sd), (heads, heads_sd), (params, params_sd) = (
+            spread([r[key] for r in members]) for key in ("bleu", "test_bleu", "heads_alive", "params"))
         summary.append({
             "runs": [r["run"] for r in members], "seeds": [r["seed"] for r in members], "method": first["method"],
             "lambda": first["lambda"], "n": len(members), "bleu": bleu, "bleu_sd": bleu_sd, "test_bleu": test,
             "test_bleu_sd": test_sd, "heads_alive": heads, "heads_sd": heads_sd, "heads_total": first["heads_total"],
+            "params": params, "params_sd": params_sd,
         })
     return summary
 
@@ -222,12 +233,15 @@ def to_markdown(rows: list[dict], root: Path) -> str:
     dense = dense_baseline(rows)
     if dense is not None:
         lines.append(f"Dense-phase BLEU (mean over {dense[1]} runs): {dense[0]:.2f}")
-    header = ["run", "method", "lambda", *KINDS, "heads alive", "BLEU", "chrF", "params", "status", "error"]
+    shown = [c for c in STRUCTURES if any(r.get(c) is not None for r in rows)]  # sweeps of heads only: none
+    header = ["run", "method", "lambda", *KINDS, "heads alive", *(STRUCTURES[c] for c in shown), "BLEU", "chrF",
+              "params", "status", "error"]
     cells = []
     for r in rows:
         heads = "-" if r["heads_alive"] is None else f"{r['heads_alive']} / {_fmt(r['heads_total'], 'd')}"
         cells.append((
             r["run"], r["method"], _fmt(r["lambda"], "g"), *(_fmt(r[f"heads_{k}"], "d") for k in KINDS), heads,
+            *(_fmt(r[c], "d") for c in shown),
             _fmt(r["bleu"], ".2f"), _fmt(r["chrf"], ".2f"), _fmt(r["params"], ","), r["status"],
             r["error"].replace("|", "\\|").replace("\n", " "),
         ))
@@ -250,30 +264,32 @@ def to_markdown(rows: list[dict], root: Path) -> str:
     return table
 
 
-def plot_pareto(rows: list[dict], path: Path, title: str = "") -> dict[str, str]:
-    """BLEU against heads kept, one marker per finished run: gated runs (lambda annotated) first, then other methods.
-    Returns each method's colour."""
+def plot_pareto(rows: list[dict], path: Path, title: str = "", x: str = "heads_alive") -> dict[str, str]:
+    """BLEU against heads kept (``x="params"``: parameters kept, where known), one marker per finished run: gated
+    runs (lambda annotated) first, then other methods. Returns each method's colour."""
+    spread = {"heads_alive": "heads_sd", "params": "params_sd"}[x]
     done = [r for r in rows if r["status"] == "done" and r["bleu"] is not None and r["heads_alive"] is not None]
     methods = sorted({r["method"] for r in done}, key=lambda m: (m != "gated", m))
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    groups = seed_groups(rows)  # one point per group of seeds: the mean, with the spread as error bars
-    for i, method in enumerate(methods):
+    groups = [g for g in seed_groups(rows) if g[x] is not None]  # one point per group of seeds: the mean, with the
+    for i, method in enumerate(methods):  # spread as error bars
         points = [g for g in groups if g["method"] == method]
-        ax.errorbar([g["heads_alive"] for g in points], [g["bleu"] for g in points],
-                    xerr=[g["heads_sd"] for g in points], yerr=[g["bleu_sd"] for g in points], fmt="o",
+        ax.errorbar([g[x] for g in points], [g["bleu"] for g in points],
+                    xerr=[g[spread] for g in points], yerr=[g["bleu_sd"] for g in points], fmt="o",
                     color=f"C{i}", label=method, zorder=3, capsize=3)
-        points.sort(key=lambda r: r["heads_alive"])  # a method's points joined, fewest heads first
-        ax.plot([r["heads_alive"] for r in points], [r["bleu"] for r in points], color=f"C{i}", alpha=0.4)
+        points.sort(key=lambda r: r[x])  # a method's points joined, fewest heads (parameters) first
+        ax.plot([r[x] for r in points], [r["bleu"] for r in points], color=f"C{i}", alpha=0.4)
         if method == "gated":
             for r in (r for r in points if r["lambda"] is not None):  # a head budget's runs have no lambda
-                ax.annotate(f"λ={_fmt(r['lambda'], 'g')}", (r["heads_alive"], r["bleu"]), xytext=(4, 4),
+                ax.annotate(f"λ={_fmt(r['lambda'], 'g')}", (r[x], r["bleu"]), xytext=(4, 4),
                             textcoords="offset points", fontsize=8)
     dense = dense_baseline(rows)
     if dense is not None:
         ax.axhline(dense[0], color="grey", linestyle="--",
                    label=f"dense phase, mean of {dense[1]} runs ({dense[0]:.2f})")
     totals = {r["heads_total"] for r in done} - {None}
-    ax.set_xlabel(f"heads kept (of {totals.pop()})" if len(totals) == 1 else "heads kept")
+    ax.set_xlabel("parameters kept (exported model)" if x == "params" else
+                  f"heads kept (of {totals.pop()})" if len(totals) == 1 else "heads kept")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("validation BLEU")
     ax.set_title(f"{title}: {len(done)} of {len(rows)} runs finished")
@@ -297,7 +313,9 @@ def log_to_wandb(rows: list[dict], plot: Path, name: str, out_dir: Path) -> None
         mode=os.environ.get("WANDB_MODE", "offline"),
     )
     table = wandb.Table(columns=COLUMNS, data=[[r[c] for c in COLUMNS] for r in rows], allow_mixed_types=True)
-    run.log({"sweep/summary": table, "sweep/pareto": wandb.Image(str(plot))})
+    params = Path(plot).with_name("pareto_params.png")  # written beside it where parameter counts are known
+    run.log({"sweep/summary": table, "sweep/pareto": wandb.Image(str(plot)),
+             **({"sweep/pareto_params": wandb.Image(str(params))} if params.is_file() else {})})
     run.finish()
 
 
@@ -369,7 +387,6 @@ def _natural(path: Path) -> list:
 
 def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
-
 
 
 if __name__ == "__main__":  # python -m gatedprune.reports.sweep (the command's own module): the command, as documented

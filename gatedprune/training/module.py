@@ -16,6 +16,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gatedprune.structures.head_gates import attach_gates
+from gatedprune.structures.kinds import ATTENTION_KINDS
 from gatedprune.training.checkpoints import add_new_gates, describe
 from gatedprune.training.distill import distilled_loss, frozen_copy
 from gatedprune.training.guards import BadSteps, zero_non_finite_gradients
@@ -165,7 +166,7 @@ class GatedSeq2Seq(L.LightningModule):
             log_alpha = self.gates.log_alpha()
             print(
                 f"resumed at step {self.global_step}: gates restored (sum of log_alpha {log_alpha.sum().item():.6f}, "
-                f"{self.gates.heads_alive()['total']} of {log_alpha.numel()} heads open)"
+                f"{self.gates.heads_alive()['total']} of {self.gates.num_heads} heads open, {log_alpha.numel()} gates)"
             )
 
     def on_before_optimizer_step(self, optimizer) -> None:
@@ -228,7 +229,9 @@ class GatedSeq2Seq(L.LightningModule):
         corpus = corpus_scores(hyps, refs)
         scores = {"val/bleu": corpus["bleu"], "val/chrf": corpus["chrf"]}
         alive = self.gates.heads_alive() if self.gates_trained else self.heads_total()
-        scores.update({f"val/heads_alive_{k}": float(v) for k, v in alive.items()})
+        # heads as before; FFN units and layers under their own name (val/kept_encoder_ffn: units, not heads)
+        scores.update({(f"val/heads_alive_{k}" if k == "total" or k in ATTENTION_KINDS else f"val/kept_{k}"): float(v)
+                       for k, v in alive.items()})
         expected = self.gates.expected_open_per_kind()
         scores.update({"val/expected_open" + ("" if k == "total" else f"_{k}"): v for k, v in expected.items()})
         self.log_dict(scores, prog_bar=False, batch_size=1)
@@ -305,7 +308,7 @@ class GatedSeq2Seq(L.LightningModule):
         return score(model, self.tokenizer, datamodule.loader(split, gen.batch_size, shard=False), gen)
 
     def heads_total(self) -> dict[str, int]:
-        """Every gated head counted as alive (the dense phase)."""
+        """Every gated structure counted as alive (the dense phase): per kind, and the heads in total."""
         return self.gates.heads_per_kind()
 
     # ---- checkpoints describe themselves, so the exporter needs nothing else --------------------------
