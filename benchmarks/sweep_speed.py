@@ -29,11 +29,11 @@ from gatedprune.utils import format_table  # noqa: E402
 
 def members(sweep: Path) -> list[tuple[str, dict, Path]]:
     found = []
-    for metrics_file in sorted(sweep.glob("*/metrics.json")):
+    for metrics_file in sorted(sweep.rglob("metrics.json")):  # members of one or several multirun folders
         metrics = json.loads(metrics_file.read_text())
         export = metrics.get("export", {}).get("dir")
         if export and Path(export).is_dir():
-            found.append((metrics_file.parent.name, metrics, Path(export)))
+            found.append((metrics_file.parent.relative_to(sweep).as_posix(), metrics, Path(export)))
     return found
 
 
