@@ -100,3 +100,19 @@ def test_bad_settings_of_the_new_kinds_are_refused_in_one_line(tmp_path, overrid
     proc = run_train(tmp_path / "run", *overrides)
     assert proc.returncode != 0 and says in error_line(proc)
     assert not (tmp_path / "run" / "pruned").exists()
+
+
+def test_the_sweep_speed_benchmark_times_every_export_of_a_sweep(every_kind_run, tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sweep_speed", ROOT / "benchmarks" / "sweep_speed.py")
+    sweep_speed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep_speed)
+    out = tmp_path / "speed.md"
+    assert sweep_speed.main([str(every_kind_run.parent), "--dense", str(every_kind_run / "checkpoints" / "dense.ckpt"),
+                             "--sentences", "2", "--repeats", "1", "--new-tokens", "4", "--out", str(out)]) == 0
+    (result,) = json.loads(out.with_suffix(".json").read_text())["results"]
+    report = json.loads((every_kind_run / "pruned" / "export_report.json").read_text())
+    assert result["params"] == report["params_after"] and set(result["speed"]) == {"1", "32"}
+    assert all(cell["wall"] > 0 and cell["cpu"] > 0 for cell in result["speed"].values())
+    assert "| run | lambda |" in out.read_text()
