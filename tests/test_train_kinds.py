@@ -87,16 +87,29 @@ def test_an_old_heads_only_run_resumes_with_every_kind(tmp_path):
 @pytest.mark.parametrize("overrides, says", [
     ((EVERY_KIND, "pruning.distill.hidden=1.0"),
      "pruning.distill.hidden=1.0 with layer kinds ['encoder_layer', 'decoder_layer']: layer distillation needs a map"),
-    (("pruning.kinds=[encoder_ffn]", "pruning.ffn_group=5"),
-     "pruning.ffn_group=5: model.encoder.layers.0.fc2 has 64 units, not a multiple of 5"),
     (("pruning.ffn_group=0",), "pruning.ffn_group=0; allowed: an integer >= 1"),
     (("pruning=l0_budget", "pruning.target_heads=12", "pruning.target_params=0.5"),
      "a budget takes one target; allowed: one of them, the other null"),
     (("pruning=l0_budget", "pruning.target_params=1.5"), "pruning.target_params=1.5; allowed: a fraction in (0, 1)"),
+])
+def test_bad_settings_of_the_new_kinds_are_refused_in_one_line(tmp_path, overrides, says):
+    from hydra.utils import get_class
+    from omegaconf import OmegaConf
+
+    settings = OmegaConf.to_container(compose_train(tmp_path / "run", "experiment=smoke", *overrides).pruning,
+                                      resolve=True)
+    with pytest.raises(ValueError) as refused:  # the method's settings, checked before any model or data loads
+        get_class(settings.pop("_target_"))(**settings)
+    assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (("pruning.kinds=[encoder_ffn]", "pruning.ffn_group=5"),
+     "pruning.ffn_group=5: model.encoder.layers.0.fc2 has 64 units, not a multiple of 5"),
     (("pruning=l0_budget", "pruning.kinds=[encoder_ffn]", "pruning.target_params=0.01"),
      "pruning.target_params=0.01 is below what removing every gated structure reaches"),
 ])
-def test_bad_settings_of_the_new_kinds_are_refused_in_one_line(tmp_path, overrides, says):
+def test_settings_the_model_cannot_meet_are_refused_in_one_line(tmp_path, overrides, says):
     proc = run_train(tmp_path / "run", *overrides)
     assert proc.returncode != 0 and says in error_line(proc)
     assert not (tmp_path / "run" / "pruned").exists()
