@@ -319,14 +319,21 @@ class AttentionSite:
     def num_units(self) -> int:
         return self.num_heads
 
-    def unit_parameters(self) -> float:
-        """Parameters one query head owns (its q rows, output columns, own bias column), with its share of a
-        key/value head's k and v rows: what the expected kept size counts per head."""
+    def head_parameters(self) -> tuple[int, int]:
+        """(parameters of one query head, of one key/value head). A query head owns its q rows (and biases), its
+        output-projection columns and, where every layer owns a relative position bias, its column of it; a
+        key/value head owns its k and v rows (and biases)."""
         q, o = self.projection("q"), self.projection("o")
         per_query = self.head_dim * (q.in_features + (q.bias is not None) + o.out_features)
         if self.own_position_bias:
             per_query += getattr(self.module, self.layout.position_bias_attr).num_embeddings
         per_kv = sum(self.head_dim * (p.in_features + (p.bias is not None)) for p in map(self.projection, "kv"))
+        return per_query, per_kv
+
+    def unit_parameters(self) -> float:
+        """Parameters one query head owns, with its share of a key/value head: what the expected kept size counts
+        per head."""
+        per_query, per_kv = self.head_parameters()
         return per_query + per_kv * self.num_kv_heads / max(1, self.num_heads)  # 0: a module left without heads
 
     def attach(self, value):

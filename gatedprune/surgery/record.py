@@ -109,16 +109,9 @@ def rename_layers(record: dict, layers_path: str, kept: list[int]) -> None:
 
 
 def cut_parameters(site: AttentionSite, query_heads: int, kv_heads: int) -> int:
-    """Parameters that go with ``query_heads`` query heads and ``kv_heads`` key/value heads of ``site``.
-
-    A query head owns its q rows (and biases), its output-projection columns and, where every layer owns a
-    relative position bias, its column of it; a key/value head owns its k and v rows (and biases).
-    """
-    q, o = site.projection("q"), site.projection("o")
-    per_query = site.head_dim * (q.in_features + (q.bias is not None) + o.out_features)
-    if site.own_position_bias:
-        per_query += getattr(site.module, site.layout.position_bias_attr).num_embeddings
-    per_kv = sum(site.head_dim * (p.in_features + (p.bias is not None)) for p in map(site.projection, "kv"))
+    """Parameters that go with ``query_heads`` query heads and ``kv_heads`` key/value heads of ``site``
+    (``AttentionSite.head_parameters``)."""
+    per_query, per_kv = site.head_parameters()
     return query_heads * per_query + kv_heads * per_kv
 
 
