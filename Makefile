@@ -1,4 +1,4 @@
-# `make train` and `make test` set up .venv on first use (CPU torch pinned), then run.
+# `make train` and `make test` set up .venv on first use (CPU torch pinned; the deploy extra, so its tests run), then run.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -12,7 +12,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet $(TORCH) -e '.[dev]'
+	$(BIN)/pip install --quiet $(TORCH) -e '.[dev,deploy]'
 	touch $@
 
 train: setup

@@ -1,0 +1,15 @@
+"""The optional packages a format needs (``pip install 'gatedprune[deploy]'``), checked before anything loads."""
+
+from __future__ import annotations
+
+import importlib.util
+
+EXTRA = "deploy"
+
+
+def require(fmt: str, packages: tuple[str, ...]) -> None:
+    """Refuse ``fmt`` in one line naming the missing packages and the extra that installs them."""
+    missing = [name for name in packages if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ValueError(f"--format {fmt} needs {', '.join(missing)}, not installed; install the extra: "
+                         f"pip install 'gatedprune[{EXTRA}]'")
