@@ -61,17 +61,26 @@ def set_offline_defaults() -> None:
 
 
 def export_command(argv: Sequence[str] | None = None) -> int:
-    """``gatedprune-export SOURCE OUT_DIR``: prune the heads a gated run closed and write a verified, smaller model."""
+    """``gatedprune-export SOURCE OUT_DIR [--format FMT]``: prune the structures a gated run closed and write a
+    verified, smaller model; or convert it (or any Hugging Face model directory) to a runtime's format."""
     import argparse
     import logging
 
-    from gatedprune.shipping.export import export_checkpoint
+    from gatedprune.deploy.formats import ALL_FORMATS
 
     parser = argparse.ArgumentParser(
-        prog="gatedprune-export", description="Prune the heads a gated run closed and write a verified, smaller model."
+        prog="gatedprune-export",
+        description="Prune the structures a gated run closed and write a verified, smaller model; with --format, "
+                    "convert it (or a model directory) for CTranslate2, ONNX Runtime or the stock transformers class.",
     )
-    parser.add_argument("source", help="run directory (with metrics.json) or Lightning checkpoint")
+    parser.add_argument("source", help="run directory (with metrics.json), Lightning checkpoint, or (with a --format "
+                                       "other than hf) a Hugging Face model directory: an export, pruned or dense")
     parser.add_argument("out_dir", help="directory to write; must not exist or be empty unless --overwrite")
+    parser.add_argument("--format", default="hf", choices=ALL_FORMATS, dest="fmt",
+                        help="hf: the verified PyTorch export (default); ct2: CTranslate2; onnx: ONNX Runtime; "
+                             "hf-portable: the stock transformers class (no trust_remote_code)")
+    parser.add_argument("--quantization", default=None,
+                        help="ct2 only: weight type, e.g. int8, int8_float32, float16 (default float32)")
     parser.add_argument(
         "--top-k", type=int, default=None, help="keep exactly N heads (largest log_alpha) instead of log_alpha > 0"
     )
@@ -86,11 +95,30 @@ def export_command(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     quiet_loading()
-    return run_reported(lambda: export_checkpoint(
-        args.source, args.out_dir, rule="binary" if args.top_k is None else "top-k", top_k=args.top_k,
-        overwrite=args.overwrite, samples=args.samples, val_pairs=args.val_pairs,
-        max_new_tokens=args.max_new_tokens, device=args.device,
-    ))
+    rule = "binary" if args.top_k is None else "top-k"
+    return run_reported(lambda: _export(args, rule))
+
+
+def _export(args, rule: str) -> None:
+    from pathlib import Path
+
+    from gatedprune.deploy.sources import convert_source, is_model_dir
+    from gatedprune.shipping.export import export_checkpoint
+
+    if args.quantization is not None and args.fmt != "ct2":
+        raise ValueError(f"--quantization {args.quantization} with --format {args.fmt}; allowed: with --format ct2")
+    if args.fmt == "hf":
+        if is_model_dir(Path(args.source)):
+            raise ValueError(f"{args.source} is already a Hugging Face model directory; --format hf exports a run; "
+                             f"allowed for a model directory: --format ct2, onnx or hf-portable")
+        export_checkpoint(args.source, args.out_dir, rule=rule, top_k=args.top_k, overwrite=args.overwrite,
+                          samples=args.samples, val_pairs=args.val_pairs, max_new_tokens=args.max_new_tokens,
+                          device=args.device)
+        return
+    options = {"quantization": args.quantization} if args.fmt == "ct2" else {}
+    convert_source(args.source, args.out_dir, args.fmt, val_pairs=args.val_pairs, samples=args.samples,
+                   overwrite=args.overwrite, max_new_tokens=args.max_new_tokens, rule=rule, top_k=args.top_k,
+                   device=args.device, **options)
 
 
 def sweep_command(argv: Sequence[str] | None = None) -> int:

@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 import torch
+import transformers
 
 from helpers import ROOT, compose_train, error_line, run_train, train_dense
 from gatedprune import load_pruned
@@ -22,9 +23,28 @@ HARD = ("pruning.l0_lambda=20", "pruning.gate_lr=0.5", "trainer.max_steps=40")  
 @pytest.fixture(scope="module")
 def every_kind_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("every_kind") / "run"
-    proc = run_train(run, EVERY_KIND, *HARD)
+    proc = run_train(run, EVERY_KIND, *HARD, "export.formats=[hf,ct2]", "export.quantization=int8")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run
+
+
+def test_the_shipped_model_is_converted_to_each_format_asked_for(every_kind_run):
+    """export.formats=[hf,ct2]: <run>/deploy/ct2 holds the shipped model in CTranslate2 (int8), verified; read here
+    in CTranslate2 itself."""
+    import ctranslate2
+
+    metrics = json.loads((every_kind_run / "metrics.json").read_text())
+    report = metrics["deploy"]["ct2"]
+    assert report["verification"]["passed"] and report["quantization"] == "int8"
+    assert report["from"] == str(every_kind_run / "pruned")  # no fine-tuning in this run: the export itself
+    assert report["verification"]["scored"] == "references" and "int8" in report["bleu"]
+    directory = every_kind_run / "deploy" / "ct2"
+    assert json.loads((directory / "deploy_report.json").read_text())["verification"] == report["verification"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)  # the tokenizer travels with the model
+    sources = [json.loads(line)["source"] for line in (every_kind_run / "val_pairs.jsonl").read_text().splitlines()[:3]]
+    tokens = [tokenizer.convert_ids_to_tokens(tokenizer(s)["input_ids"]) for s in sources]
+    results = ctranslate2.Translator(str(directory)).translate_batch(tokens, max_decoding_length=8)
+    assert len(results) == 3 and all(len(r.hypotheses[0]) <= 8 for r in results)
 
 
 def test_a_run_gating_every_kind_exports_a_verified_smaller_model(every_kind_run):

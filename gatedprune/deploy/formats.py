@@ -72,7 +72,7 @@ def convert(model: nn.Module, out_dir: str | Path, fmt: str, *, tokenizer=None, 
     """Write ``model`` as ``fmt`` to ``out_dir``, verified against ``model`` on ``batch`` (``export.sample_batch``:
     validation pairs, or random ids when None). A failed check leaves no directory. Returns the report, also
     written to ``out_dir/deploy_report.json``."""
-    from gatedprune.shipping.export import sample_batch
+    from gatedprune.shipping.export_inputs import sample_batch
     from gatedprune.shipping.export_dir import check_target, staged
 
     out_dir = Path(out_dir)

@@ -104,7 +104,7 @@ def checkpoint_record(checkpoint: str | Path | None, run_dir: str | Path) -> str
 
 def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoint: str, head_budget: int | None,
                 export: dict | None = None, exported: dict | None = None, test: dict | None = None,
-                finetuned: dict | None = None) -> dict:
+                finetuned: dict | None = None, deploy: dict | None = None) -> dict:
     """metrics.json of a finished run.
 
     ``final``: the gated model's last validation (Lightning's logged values); ``export``: the exporter's report;
@@ -170,6 +170,8 @@ def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoin
         }
     if finetuned is not None:
         metrics["finetune"] = finetuned
+    if deploy:
+        metrics["deploy"] = deploy  # {format: the conversion's report}: where it is, and how it was verified
     metrics["bleu_under_budget"] = budget_objective(metrics, head_budget)
     return metrics
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import logging
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +19,8 @@ import transformers
 from torch import nn
 
 from gatedprune.shipping import export_dir
-from gatedprune.shipping.export_inputs import check_device, file_record, find_run_files, read_pairs
+from gatedprune.shipping.export_inputs import Pairs, check_device, file_record, find_run_files, read_pairs
+from gatedprune.shipping.export_inputs import sample_batch  # noqa: F401  (API: the verification batch)
 from gatedprune.training.checkpoints import load_gated_checkpoint
 from gatedprune.errors import RunFailed
 from gatedprune.shipping.export_dir import MODELING_FILE, REPORT_FILE, check_out_dir, save_pruned  # noqa: F401  (API)
@@ -33,8 +34,6 @@ log = logging.getLogger("gatedprune.export")  # the name users configure logging
 
 TOLERANCE = 1e-4  # largest |logit difference| (float32) allowed between the gated and the pruned model
 
-Pairs = Sequence[tuple[str, str]]
-
 
 @dataclass
 class ExportConfig:
@@ -45,9 +44,25 @@ class ExportConfig:
     top_k: int | None = None
     samples: int = 32  # validation pairs the export verifies on
     out_dir: str = "pruned"
+    formats: tuple = ("hf",)  # also ct2, onnx, hf-portable: the shipped model converted (gatedprune.deploy)
+    quantization: str | None = None  # ct2: int8, float16, ... (float32 when null)
+    deploy_dir: str = "deploy"  # <deploy_dir>/<format>/ for each format besides hf
 
     def __post_init__(self) -> None:
         check_numbers("export", self)
+        from gatedprune.deploy.formats import FORMATS, check_formats, format_module
+
+        self.formats = tuple(check_formats(self.formats, "export.formats"))
+        if "hf" not in self.formats:
+            raise ValueError(f"export.formats={list(self.formats)} leaves out hf; allowed: hf and any of "
+                             f"{', '.join(FORMATS)} (the others are converted from the verified hf export)")
+        for fmt in self.deploy_formats():
+            format_module(fmt)  # a missing extra is refused now, not after training
+        if self.quantization is not None and "ct2" not in self.formats:
+            raise ValueError(f"export.quantization={self.quantization} without ct2 in export.formats; allowed: null")
+
+    def deploy_formats(self) -> list[str]:
+        return [fmt for fmt in self.formats if fmt != "hf"]
 
     def check_rule(self) -> None:
         """``rule`` and ``top_k`` fit together (the gated methods' export; the others keep their own levels)."""
@@ -72,38 +87,6 @@ def _rule_name(rule: str, top_k: int | dict | None) -> str:
 
 
 # --- verification inputs and outputs -------------------------------------------------------------------------
-
-
-def sample_batch(
-    model: nn.Module,
-    tokenizer=None,
-    sample_inputs: Mapping[str, torch.Tensor] | Pairs | None = None,
-    *,
-    num_random: int = 4,
-    max_length: int = 128,
-    seed: int = 0,
-) -> dict[str, torch.Tensor]:
-    """The verification batch: given tensors, tokenized (source, target) pairs, or random ids when none are given."""
-    if isinstance(sample_inputs, Mapping):
-        return {name: torch.as_tensor(value) for name, value in sample_inputs.items()}
-    if sample_inputs is not None:
-        if tokenizer is None:
-            raise ValueError("text pairs as sample inputs need a tokenizer")
-        sources, targets = zip(*sample_inputs)
-        batch = tokenizer(
-            list(sources), text_target=list(targets), padding=True, truncation=True, max_length=max_length,
-            return_tensors="pt",
-        )
-        return dict(batch)  # input_ids, attention_mask, labels (the model shifts labels into decoder inputs)
-    config = model.config
-    generator = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(config.vocab_size, (num_random, 16), generator=generator)  # (B, S)
-    attention_mask = torch.ones_like(input_ids)
-    attention_mask[-1, input_ids.shape[1] // 2 :] = 0  # one padded row, so the masks are exercised too
-    decoder_input_ids = torch.randint(config.vocab_size, (num_random, 12), generator=generator)  # (B, T)
-    if config.decoder_start_token_id is not None:
-        decoder_input_ids[:, 0] = config.decoder_start_token_id
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "decoder_input_ids": decoder_input_ids}
 
 
 @torch.no_grad()

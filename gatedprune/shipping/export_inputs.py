@@ -7,7 +7,12 @@ import hashlib
 import json
 from pathlib import Path
 
+from collections.abc import Mapping, Sequence
+
 import torch
+from torch import nn
+
+Pairs = Sequence[tuple[str, str]]
 
 
 def find_run_files(source: Path) -> tuple[Path, Path | None]:
@@ -89,3 +94,35 @@ def read_pairs(path: Path, limit: int) -> list[tuple[str, str]]:
             if len(pairs) == limit:
                 break
     return pairs
+
+
+def sample_batch(
+    model: nn.Module,
+    tokenizer=None,
+    sample_inputs: Mapping[str, torch.Tensor] | Pairs | None = None,
+    *,
+    num_random: int = 4,
+    max_length: int = 128,
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
+    """The verification batch: given tensors, tokenized (source, target) pairs, or random ids when none are given."""
+    if isinstance(sample_inputs, Mapping):
+        return {name: torch.as_tensor(value) for name, value in sample_inputs.items()}
+    if sample_inputs is not None:
+        if tokenizer is None:
+            raise ValueError("text pairs as sample inputs need a tokenizer")
+        sources, targets = zip(*sample_inputs)
+        batch = tokenizer(
+            list(sources), text_target=list(targets), padding=True, truncation=True, max_length=max_length,
+            return_tensors="pt",
+        )
+        return dict(batch)  # input_ids, attention_mask, labels (the model shifts labels into decoder inputs)
+    config = model.config
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(config.vocab_size, (num_random, 16), generator=generator)  # (B, S)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[-1, input_ids.shape[1] // 2 :] = 0  # one padded row, so the masks are exercised too
+    decoder_input_ids = torch.randint(config.vocab_size, (num_random, 12), generator=generator)  # (B, T)
+    if config.decoder_start_token_id is not None:
+        decoder_input_ids[:, 0] = config.decoder_start_token_id
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "decoder_input_ids": decoder_input_ids}

@@ -42,11 +42,36 @@ def finalise(session: Session, val_pairs) -> dict:
                        finetune_dir=Path(session.tuning.out_dir), score_test=module.gates_trained and has_test)
         export, exported, finetuned = shipped["export"], shipped["exported"], shipped["finetuned"]
         test.update(shipped["test"])
+        deployed = deploy(session, shipped, val_pairs)
     elif module.gates_trained and has_test:
         module.gates.set_mode(module._eval_gate_mode())
         test["gated"] = module.score_split(module.model, "test", datamodule)
     test = {k: v for k, v in test.items() if v is not None}
-    return {"export": export, "exported": exported, "test": test or None, "finetuned": finetuned}
+    return {"export": export, "exported": exported, "test": test or None, "finetuned": finetuned,
+            **({"deploy": deployed} if export_cfg.enabled and deployed else {})}
+
+
+def deploy(session: Session, shipped: dict, val_pairs) -> dict:
+    """The shipped model (the fine-tuned one, if any) converted to each of ``export.formats`` besides hf, into
+    ``<export.deploy_dir>/<format>``, each verified in its runtime on the validation pairs; ``{format: report}``."""
+    from gatedprune.deploy.formats import convert
+    from gatedprune.shipping.export_inputs import sample_batch
+
+    export_cfg, module = session.export, session.module
+    tuned = shipped["finetuned"] or {}
+    source = Path(tuned["dir"] if tuned.get("dir") else shipped["export"]["dir"])
+    reports = {}
+    for fmt in export_cfg.deploy_formats():
+        model = load_pruned(source).float().eval()
+        batch = sample_batch(model, module.tokenizer, val_pairs)
+        out_dir = Path(export_cfg.deploy_dir) / fmt
+        options = {"quantization": export_cfg.quantization} if fmt == "ct2" else {}
+        report = convert(model, out_dir, fmt, tokenizer=module.tokenizer, batch=batch,
+                         overwrite=_inside(out_dir, session.run_dir), **options)
+        reports[fmt] = {"dir": str(out_dir), "from": str(source), **report}
+        print(f"wrote {out_dir} ({report['runtime']}): verified, greedy identical on "
+              f"{report['verification']['greedy_sequences']} validation pairs")
+    return reports
 
 
 def ship(session: Session, val_pairs, *, rule: str, top_k, out_dir: Path, finetune_dir: Path,

@@ -1,0 +1,59 @@
+"""``gatedprune-export --format``: a model directory (an export, or a stock dense model) and a run convert, verified
+in their runtime; bad combinations are one line, exit 2, and leave no directory."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import transformers
+
+from helpers import ROOT
+from gatedprune.cli import export_command
+
+pytest.importorskip("ctranslate2")
+
+OLD_RUN = ROOT / "tests" / "data" / "run_0.1.0"  # a run and its export, with a tokenizer and validation pairs
+
+
+@pytest.fixture
+def old_run(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(OLD_RUN, run)
+    return run
+
+
+def test_an_export_directory_converts_to_ct2_with_its_tokenizer(old_run, tmp_path):
+    out = tmp_path / "ct2"
+    assert export_command([str(old_run / "pruned"), str(out), "--format", "ct2", "--samples", "3"]) == 0
+    report = json.loads((out / "deploy_report.json").read_text())
+    assert report["verification"]["passed"] and report["family"] == "mbart"
+    assert {"model.bin", "shared_vocabulary.json", "config.json", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    vocabulary = json.loads((out / "shared_vocabulary.json").read_text())
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)  # the tokenizer travelled with the model
+    assert all(vocabulary[i] == token for token, i in tokenizer.get_vocab().items())  # one token per id, its own
+
+
+def test_a_run_converts_through_its_verified_export(old_run, tmp_path):
+    out = tmp_path / "ct2"
+    assert export_command([str(old_run), str(out), "--format", "ct2", "--quantization", "int8"]) == 0
+    report = json.loads((out / "deploy_report.json").read_text())
+    assert report["quantization"] == "int8" and report["quantized"]["translated"] == report["verification"][
+        "greedy_sequences"] == 8  # the run's validation pairs (--samples 8)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "run"]  # the intermediate export is gone
+
+
+@pytest.mark.parametrize("args, message", [
+    (["{pruned}", "--format", "hf"], "is already a Hugging Face model directory; --format hf exports a run"),
+    (["{pruned}", "--format", "onnx", "--quantization", "int8"], "--quantization int8 with --format onnx"),
+    (["{pruned}", "--format", "ct2", "--samples", "0"], "--samples=0 is below 1"),
+    (["{missing}", "--format", "ct2"], "no run directory, checkpoint or model directory at"),
+])
+def test_bad_combinations_are_refused_in_one_line(old_run, tmp_path, capsys, args, message):
+    args = [a.format(pruned=old_run / "pruned", missing=tmp_path / "nothing") for a in args]
+    out = tmp_path / "out"
+    assert export_command([args[0], str(out), *args[1:]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not out.exists()
