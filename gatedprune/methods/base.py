@@ -35,9 +35,14 @@ class Method:
     # whether trainer.fit reads a resumed checkpoint itself (so the copy read at set-up is freed before the module
     # is built), or ``prepare`` loads what it needs of it
     loads_checkpoint_itself: ClassVar[bool] = False
+    # whether the method's plans come from its gates' rule, which ``uniform_heads`` / ``uniform_ffn`` shape
+    # (``gatedprune.structures.uniform``); the others refuse the options
+    shapes_plans: ClassVar[bool] = False
     kinds: tuple[str, ...] = ATTENTION_KINDS
     ffn_group: int = 1  # feed-forward units gated (and removed) together, so widths stay multiples of it
     distill: DistillOptions = field(default_factory=DistillOptions)
+    uniform_heads: bool = False  # every layer of an attention kind keeps the same number of heads
+    uniform_ffn: bool = False  # every layer of a stack keeps the same feed-forward width
 
     def __post_init__(self) -> None:
         check_numbers("pruning", self)
@@ -46,6 +51,12 @@ class Method:
         self.kinds = check_kinds(self.kinds)
         if isinstance(self.ffn_group, bool) or not isinstance(self.ffn_group, int) or self.ffn_group < 1:
             raise ValueError(f"pruning.ffn_group={self.ffn_group!r}; allowed: an integer >= 1")
+        for option in ("uniform_heads", "uniform_ffn"):
+            value = getattr(self, option)
+            if value is not False and not self.shapes_plans:
+                shown = str(value).lower() if isinstance(value, bool) else repr(value)
+                raise ValueError(f"pruning.{option}={shown}: pruning={self.name} does not shape its plans per layer; "
+                                 "allowed: false (the gated methods, pruning=l0 and pruning=l0_budget, take it)")
         layers = [k for k in self.kinds if k in LAYER_KINDS]
         if self.distill.hidden > 0 and layers:
             raise ValueError(f"pruning.distill.hidden={self.distill.hidden} with layer kinds {layers}: layer "

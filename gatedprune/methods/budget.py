@@ -8,6 +8,18 @@ one attention kind) with s = expected fraction of its heads open and t = target 
 where lambda1 and lambda2 start at 0 and are trained by gradient ascent (their gradients are negated), so the
 pressure grows for as long as s misses t. The target ramps linearly from "all heads open" to its final value
 over ``warmup_steps`` gated steps. At export, the top-k rule keeps exactly the target number of heads.
+
+With ``pruning.uniform_heads`` / ``uniform_ffn`` (``gates.uniform``, ``gatedprune.structures.uniform``) the export
+keeps one count per layer of a kind, so the budget asks for that shape too: beside each group's constraint above, one
+constraint per layer i of each uniform kind K, with its own multipliers,
+
+    gap_i = s_i - mean_{j in K} s_j,    s_i = mean over the gates of layer i of P(open)
+
+(the layer's own gates, not nested: a layer gate decides whether the layer stays, not how many it keeps). The group's
+target fixes the total, these ties spread it evenly: with a per-kind ``target_heads``, both hold only when every layer
+of K expects target / L_K open heads, the target applied per layer; a "total" target splits over the kinds as
+training settles it, each kind evenly over its layers. A parameter budget is tied the same way. The export then keeps
+round(kept / L) per layer, so a target that L does not divide is met to within L / 2 structures.
 """
 
 from __future__ import annotations
@@ -19,6 +31,37 @@ from gatedprune.structures.adapters import ATTENTION_KINDS
 from gatedprune.structures.head_gates import HeadGates
 
 TargetSpec = int | float | dict
+
+
+def layer_ties(gates: HeadGates) -> list[list[int]]:
+    """The sites of each kind in ``gates.uniform`` that have two or more layers to tie."""
+    ties = [[i for i, kind in enumerate(gates.kinds) if kind == uniform] for uniform in gates.uniform]
+    return [sites for sites in ties if len(sites) > 1]
+
+
+def tie_gaps(gates: HeadGates, ties: list[list[int]]) -> torch.Tensor:
+    """Per tied layer: its own open fraction less its kind's mean, s_i - mean_j s_j (see the module).  # (C,)"""
+    gaps = []
+    for sites in ties:
+        s = torch.stack([gates.gates[i].p_open().mean() for i in sites])  # (L,)
+        gaps.append(s - s.mean())
+    return torch.cat(gaps) if gaps else gates.gates[0].log_alpha.new_zeros(0)
+
+
+class _Lagrangian(nn.Module):
+    """lambda1 * gap + lambda2 * gap**2 summed over constraints: the groups', then the layer ties' (``layer_ties``)."""
+
+    def _multipliers(self, gates: HeadGates, groups: int) -> None:
+        self.ties = layer_ties(gates)
+        constraints = groups + sum(len(sites) for sites in self.ties)
+        self.lambda1 = nn.Parameter(torch.zeros(constraints))
+        self.lambda2 = nn.Parameter(torch.zeros(constraints))
+        for multiplier in (self.lambda1, self.lambda2):
+            multiplier.register_hook(torch.neg)  # gradient ascent under any minimising optimiser
+
+    def _lagrangian(self, group_gap: torch.Tensor) -> torch.Tensor:
+        gap = torch.cat([group_gap, tie_gaps(self.gates[0], self.ties)])  # (G + C,)
+        return (self.lambda1 * gap + self.lambda2 * gap**2).sum()
 
 
 def head_count(value, total: int, name: str) -> int:
@@ -47,8 +90,8 @@ def resolve_targets(target_heads: TargetSpec, gates: HeadGates) -> dict[str, int
     return targets
 
 
-class HeadBudget(nn.Module):
-    """Drives the expected number of open heads of each group to its target."""
+class HeadBudget(_Lagrangian):
+    """Drives the expected number of open heads of each group to its target (and ties the layers of a uniform kind)."""
 
     def __init__(self, gates: HeadGates, targets: dict[str, int], warmup_steps: int):
         super().__init__()
@@ -58,10 +101,7 @@ class HeadBudget(nn.Module):
         per_kind = gates.heads_per_kind()
         self.heads = [per_kind[g] for g in self.groups]
         self.warmup_steps = warmup_steps
-        self.lambda1 = nn.Parameter(torch.zeros(len(self.groups)))
-        self.lambda2 = nn.Parameter(torch.zeros(len(self.groups)))
-        for multiplier in (self.lambda1, self.lambda2):
-            multiplier.register_hook(torch.neg)  # gradient ascent under any minimising optimiser
+        self._multipliers(gates, len(self.groups))
 
     def target_fraction(self, gated_step: int) -> torch.Tensor:
         """t per group after ``gated_step`` gated steps: 1 (all open) ramping linearly to the final fraction.  # (G,)"""
@@ -82,10 +122,10 @@ class HeadBudget(nn.Module):
 
     def forward(self, gated_step: int) -> torch.Tensor:
         gap = self.expected_fraction() - self.target_fraction(gated_step).to(self.lambda1.device)  # (G,)
-        return (self.lambda1 * gap + self.lambda2 * gap**2).sum()
+        return self._lagrangian(gap)
 
 
-class ParamBudget(nn.Module):
+class ParamBudget(_Lagrangian):
     """Drives the expected kept fraction of the non-embedding parameters to ``target`` (one group).
 
     s = (non-embedding parameters the gates cannot remove + expected kept prunable ones) / non-embedding parameters,
@@ -105,10 +145,7 @@ class ParamBudget(nn.Module):
         self.target = target
         self.warmup_steps = warmup_steps
         self.groups = ["params"]
-        self.lambda1 = nn.Parameter(torch.zeros(1))
-        self.lambda2 = nn.Parameter(torch.zeros(1))
-        for multiplier in (self.lambda1, self.lambda2):
-            multiplier.register_hook(torch.neg)  # gradient ascent under any minimising optimiser
+        self._multipliers(gates, 1)
 
     @property
     def targets(self) -> dict[str, float]:
@@ -132,4 +169,4 @@ class ParamBudget(nn.Module):
 
     def forward(self, gated_step: int) -> torch.Tensor:
         gap = self.expected_fraction() - self.target_fraction(gated_step).to(self.lambda1.device)  # (1,)
-        return (self.lambda1 * gap + self.lambda2 * gap**2).sum()
+        return self._lagrangian(gap)

@@ -9,6 +9,11 @@ learning rate and hard-concrete constants) lives in ``GatedPruning``.
   ``log_alpha > 0``.
 - ``L0Budget`` (Wang et al. 2020, CoFiPruning): a Lagrangian drives the expected open heads to ``target_heads``;
   export keeps exactly that many (top-k).
+
+``uniform_heads`` / ``uniform_ffn`` (from ``Method``) shape either method's plan: every layer of a kind keeps the same
+count (``gatedprune.structures.uniform``), set on the gates when they are built (``build``), so the export, the
+reports and every other caller of ``HeadGates.plan`` see the same plan. Under ``L0`` it is an export rule only; under
+``L0Budget`` the budget ties the layers too (``gatedprune.methods.budget``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from gatedprune.shipping.export_dir import check_out_dir
 from gatedprune.structures.hard_concrete import GATE_MODES, GateOptions
 from gatedprune.structures.head_gates import PENALTY_NORMALISATIONS, HeadGates
 from gatedprune.structures.kinds import ATTENTION_KINDS
+from gatedprune.structures.uniform import per_layer_count, uniform_kinds
 from gatedprune.utils import check_numbers
 
 
@@ -37,6 +43,7 @@ class GatedPruning(Method):
 
     name: ClassVar[str] = "gated"
     loads_checkpoint_itself: ClassVar[bool] = True  # trainer.fit reads a resumed checkpoint (weights, optimiser)
+    shapes_plans: ClassVar[bool] = True  # uniform_heads / uniform_ffn: the plan HeadGates.plan keeps
     start_step: int = 0  # dense phase: gates open and no penalty before this optimiser step
     gate_lr: float = 0.1
     eval_gate_mode: str = "binary"  # validation computes the function that export would keep
@@ -64,6 +71,7 @@ class GatedPruning(Method):
         self._gated_steps: int | None = None  # set by check_schedule: trainer.max_steps - start_step
         if self.eval_gate_mode not in GATE_MODES:
             raise ValueError(f"pruning.eval_gate_mode={self.eval_gate_mode!r}; allowed: {', '.join(GATE_MODES)}")
+        uniform_kinds(self.kinds, self.uniform_heads, self.uniform_ffn)  # refuses an option with nothing to shape
 
     def gate_options(self) -> GateOptions:
         return self.gates
@@ -97,7 +105,9 @@ class GatedPruning(Method):
     # ---- what the Lightning module asks ------------------------------------------------------------------------
 
     def build(self, gates: HeadGates) -> nn.Module | None:
-        """Trainable state of the method beside the gates (a Lagrangian's multipliers), or None."""
+        """Trainable state of the method beside the gates (a Lagrangian's multipliers), or None. Called once the
+        gates are attached: it also gives them the plan's shape (``uniform_heads``, ``uniform_ffn``)."""
+        gates.set_uniform(self.uniform_heads, self.uniform_ffn)
         return None
 
     def penalty(self, gates: HeadGates, state: nn.Module | None, gated_step: int) -> tuple[torch.Tensor, dict]:
@@ -237,9 +247,17 @@ class L0Budget(GatedPruning):
                              "integer >= 0")
 
     def build(self, gates: HeadGates) -> HeadBudget | ParamBudget:
+        super().build(gates)  # the plan's shape first: the budget ties the layers of the uniform kinds
         if self.target_params is not None:
             return ParamBudget(gates, self.target_params, self.target_warmup_steps)
-        return HeadBudget(gates, resolve_targets(self.target_heads, gates), self.target_warmup_steps)
+        targets = resolve_targets(self.target_heads, gates)
+        for kind, target in targets.items():
+            layers = gates.kinds.count(kind)
+            if kind in gates.uniform and target % layers:
+                each = per_layer_count(target, layers)
+                print(f"note: pruning.target_heads={target} for {kind} over its {layers} layers: uniform_heads keeps "
+                      f"{each} per layer ({each * layers} heads)")
+        return HeadBudget(gates, targets, self.target_warmup_steps)
 
     def param_groups(self, state: HeadBudget) -> list[dict]:
         # lambda1, lambda2: their gradients are negated (HeadBudget), so this is ascent

@@ -20,6 +20,7 @@ from gatedprune.structures.adapters import probe
 from gatedprune.structures.hard_concrete import GATE_MODES, GateOptions, HardConcreteGate
 from gatedprune.structures.kinds import ALL_KINDS, ATTENTION_KINDS, KINDS, check_kinds
 from gatedprune.structures.sites import structure_sites
+from gatedprune.structures.uniform import even_out, uniform_kinds
 
 PENALTY_NORMALISATIONS = ("layer_mean", "sum", "head_mean", "params")
 RULES = ("binary", "top-k")  # how gates become a plan: log_alpha > 0, or the k largest log_alpha
@@ -50,6 +51,7 @@ class HeadGates(nn.Module):
         self.layers_paths = {s.kind: s.layers_path for s in sites if KINDS[s.kind].structure == "layer"}
         self.gates = nn.ModuleList(HardConcreteGate(s.num_units // g, options) for s, g in zip(sites, self.group_sizes))
         self.mode = "sample"
+        self.uniform: tuple[str, ...] = ()  # kinds whose layers all keep one count (``set_uniform``)
         # the layer gate whose layer holds site i (None: its layer is not gated, or it is a layer)
         layer_gate = {(self.stacks[i], self.layers[i]): i for i, st in enumerate(self.structures) if st == "layer"}
         self.outer = [None if st == "layer" else layer_gate.get((self.stacks[i], self.layers[i]))
@@ -71,6 +73,12 @@ class HeadGates(nn.Module):
         if mode not in GATE_MODES:
             raise ValueError(f"unknown gate mode {mode!r}; allowed: {', '.join(GATE_MODES)}")
         self.mode = mode
+        return self
+
+    def set_uniform(self, heads: bool = False, ffn: bool = False) -> "HeadGates":
+        """Every plan keeps one head count per layer of each attention kind (``heads``), one FFN width per stack
+        (``ffn``): ``gatedprune.structures.uniform``. Off (the default) leaves every plan as the rule keeps it."""
+        self.uniform = uniform_kinds(self.kinds, heads, ffn)
         return self
 
     def set_temperature(self, temperature: float) -> None:
@@ -205,7 +213,9 @@ class HeadGates(nn.Module):
              note: bool = True) -> dict[str, list[int]]:
         """The plan a rule keeps (see ``keep_mask``; ``keep``: a flat mask decided elsewhere):
         ``{attention module path: kept heads, feed-forward output projection path: kept units, stack's layers path:
-        kept layers}``. A decoder whose every layer gate is closed keeps its most open layer, and says so."""
+        kept layers}``. A decoder whose every layer gate is closed keeps its most open layer, and says so. Kinds in
+        ``self.uniform`` then keep one count per layer (``uniform.even_out``; rounded down under the params rule)."""
+        round_down = keep is None and rule == "params"  # a parameter budget stays met
         keep = self.keep_mask(rule, top_k) if keep is None else keep.clone()
         per_site = self.per_site(keep)
         for kind, path in self.layers_paths.items():
@@ -216,6 +226,8 @@ class HeadGates(nn.Module):
                 if note:
                     print(f"note: every decoder layer gate is closed; the plan keeps the most open one, layer "
                           f"{self.layers[best]} (log_alpha {self.gates[best].log_alpha.item():.3f})")
+        if self.uniform:
+            per_site = even_out(self, per_site, self.uniform, round_down)
         plan: dict[str, list[int]] = {}
         for i, kept in enumerate(per_site):
             if self.structures[i] == "layer":

@@ -257,4 +257,6 @@ def load_gated_checkpoint(path: str | Path) -> tuple[transformers.PreTrainedMode
     gates = attach_gates(model, checkpoint["gate_kinds"], ffn_group=checkpoint.get("gate_ffn_group", 1),
                          **checkpoint["gate_options"])
     gates.load_state_dict(strip_prefix(checkpoint["state_dict"], "gates."))
+    pruning = (checkpoint.get("hyper_parameters") or {}).get("pruning") or {}  # the plan's shape, as the run had it
+    gates.set_uniform(pruning.get("uniform_heads", False), pruning.get("uniform_ffn", False))
     return model.eval(), gates
