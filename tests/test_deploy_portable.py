@@ -187,12 +187,24 @@ def test_a_plan_the_stock_class_cannot_hold_is_refused_in_one_line(model_of, cas
     assert list(tmp_path.iterdir()) == []  # no directory, no staged leftovers
 
 
-def test_a_t5_decoder_deeper_than_its_encoder_converts_where_the_stock_class_generates(model_of, tmp_path):
+def test_a_t5_decoder_deeper_than_its_encoder_converts_and_the_stock_class_generates(model_of, tmp_path):
+    """The stock T5 of transformers 5.24 sizes its generation cache by the encoder's depth; surgery gives the
+    config ``decoder_layers`` (which the decoder view reads), so the stock class generates from what we write."""
     model = model_of("t5")
     prune_heads(model, {probe(model).layers["encoder"]: [1]})  # encoder 1 layer, decoder 2
+    assert convert(model, tmp_path / "out", "hf-portable")["verification"]["passed"]
+    again, config = _stock_reload(tmp_path / "out")
+    assert config["num_layers"] == 1 and config["num_decoder_layers"] == config["decoder_layers"] == 2
+    assert again.generate(input_ids=torch.tensor([[5, 6, 7, 1]]), max_new_tokens=4, min_new_tokens=4).shape[1] == 5
+
+
+def test_a_config_whose_cache_misses_decoder_layers_is_refused(model_of, tmp_path):
+    """A stock T5 directory given those depths directly (no ``decoder_layers``): refused where generate() fails."""
+    model = model_of("t5")
+    prune_heads(model, {probe(model).layers["encoder"]: [1]})
+    del model.config.decoder_layers
     if _stock_t5_generates(1, 2):
-        assert convert(model, tmp_path / "out", "hf-portable")["verification"]["passed"]
-        return
+        pytest.skip("this transformers sizes the T5 cache by the decoder")
     with pytest.raises(ValueError, match=r"^hf-portable: the decoder keeps 2 layers .* generation cache to 1 \(its num_layers\)"):
         convert(model, tmp_path / "out", "hf-portable")
     assert list(tmp_path.iterdir()) == []

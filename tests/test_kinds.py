@@ -118,7 +118,8 @@ def test_surgery_of_every_kind_equals_masking(model_of, family, drop, tmp_path):
 
 
 @pytest.mark.parametrize("family", CACHED)
-@pytest.mark.parametrize("edge", ["every unit of a layer", "all decoder layers but one", "every encoder layer"])
+@pytest.mark.parametrize("edge", ["every unit of a layer", "all decoder layers but one", "every encoder layer",
+                                  "an encoder shallower than its decoder"])
 def test_edge_plans_run_and_generate(model_of, family, edge, tmp_path):
     model = model_of(family)
     layers = probe(model).layers
@@ -126,6 +127,8 @@ def test_edge_plans_run_and_generate(model_of, family, edge, tmp_path):
         "every unit of a layer": {s.path: [] for s in structure_sites(model, FFN_KINDS) if s.layer == 0},
         "all decoder layers but one": {layers["decoder"]: [1]},
         "every encoder layer": {layers["encoder"]: []},
+        # T5's decoder view of its config counted the encoder's layers: the generation cache was one layer short
+        "an encoder shallower than its decoder": {layers["encoder"]: [1]},
     }[edge]
     _check_surgery(model, plan, tmp_path / "out", cached=True)
     assert greedy(model, tiny_inputs(model)).shape[1] > 1

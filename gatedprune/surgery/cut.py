@@ -25,6 +25,7 @@ from gatedprune.structures.ffn import FFNSite, is_moe
 from gatedprune.surgery.pruned_modeling import (
     CONFIG_KEY,
     drop_layers,
+    size_generation_cache,
     install_runtime,
     layout_of,
     prune_attention,
@@ -192,6 +193,7 @@ def prune_heads(model: nn.Module, plan: Plan, rule: str | None = None) -> nn.Mod
         record["kept_layers"][stack] = [record["kept_layers"][stack][i] for i in kept]
         rename_layers(record, layers_path, kept)
         setattr(model.config, CONFIG_KEY, record)  # an emptied encoder is found by its record (probe)
+    size_generation_cache(model, len(model.get_submodule(structure.layers["decoder"])))
     if rule is not None:
         record["rule"] = rule
     setattr(model.config, CONFIG_KEY, record)

@@ -165,6 +165,19 @@ def drop_layers(model: nn.Module, layers_path: str, kept: list[int], stack: str,
     return moved
 
 
+def size_generation_cache(model: nn.Module, decoder_layers: int) -> None:
+    """Make the generation cache as deep as the decoder. transformers sizes it from the decoder view of the config
+    (``config.get_text_config(decoder=True)``), which for a flat encoder-decoder config is a copy that reads
+    ``decoder_layers`` as its ``num_hidden_layers``. T5 names its decoder depth ``num_decoder_layers``, so its view
+    counts the encoder's layers, and a decoder left deeper than its encoder would index past the cache; such a
+    config is given ``decoder_layers`` too (which the drop of a layer then keeps in step)."""
+    view = model.config.get_text_config(decoder=True)
+    if getattr(view, "layer_types", None) is not None or getattr(view, "num_hidden_layers", None) in (None,
+                                                                                                     decoder_layers):
+        return
+    model.config.decoder_layers = decoder_layers
+
+
 def layout_of(record: dict, path: str) -> dict:
     """The layout of the stack that holds attention module ``path`` (encoder self-attention: the encoder's)."""
     return record["layout"]["encoder" if path in record["kept_heads"].get("encoder", {}) else "decoder"]
