@@ -139,6 +139,7 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple[Session, Method]:
     if rank_zero_only.rank == 0:
         tokenizer.save_pretrained(run_dir / "tokenizer")
     model = _instantiate(cfg.model, tokenizer=tokenizer)
+    export.check_model(model)  # a format that does not cover the family: refused before training
     if checkpoint:  # a model of other shapes would fail deep inside trainer.fit, after the run directory is made
         method.check_checkpoint(checkpoint, saved)
         for field in checkpoints.check_resumable(checkpoint, saved, model, method.checkpoint_kinds(saved)):

@@ -44,10 +44,34 @@ def test_a_run_converts_through_its_verified_export(old_run, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "run"]  # the intermediate export is gone
 
 
+def test_a_conversion_never_replaces_its_source(old_run, tmp_path, capsys):
+    for source, out in ((old_run, old_run), (old_run, old_run / "pruned"), (old_run / "pruned", old_run / "pruned")):
+        assert export_command([str(source), str(out), "--format", "ct2", "--overwrite"]) == 2
+        assert "source" in capsys.readouterr().err
+    assert (old_run / "checkpoints" / "last.ckpt").is_file() and (old_run / "pruned" / "config.json").is_file()
+
+
+def test_train_refuses_deploy_settings_before_training(model_of):
+    from gatedprune.methods.baselines import Random
+    from gatedprune.shipping.export import ExportConfig
+
+    with pytest.raises(ValueError, match="--quantization int3 is not one of CTranslate2's"):
+        ExportConfig(formats=["hf", "ct2"], quantization="int3")
+    with pytest.raises(ValueError, match=r"export.formats=\['ct2'\] leaves out hf"):
+        ExportConfig(formats=["ct2"])
+    with pytest.raises(ValueError, match="export.formats='tflite' is not a format; allowed: hf, ct2, onnx, hf-portable"):
+        ExportConfig(formats=["hf", "tflite"])
+    with pytest.raises(ValueError, match="--format ct2 covers bart, mbart, marian, m2m_100, t5, mt5; this model is pegasus"):
+        ExportConfig(formats=["hf", "ct2"]).check_model(model_of("pegasus"))
+    with pytest.raises(ValueError, match="whose levels are exported as hf only"):
+        Random().check_export(ExportConfig(formats=["hf", "ct2"]))
+
+
 @pytest.mark.parametrize("args, message", [
     (["{pruned}", "--format", "hf"], "is already a Hugging Face model directory; --format hf exports a run"),
     (["{pruned}", "--format", "onnx", "--quantization", "int8"], "--quantization int8 with --format onnx"),
     (["{pruned}", "--format", "ct2", "--samples", "0"], "--samples=0 is below 1"),
+    (["{pruned}", "--format", "ct2", "--top-k", "4"], "--top-k 4 with a model directory"),
     (["{missing}", "--format", "ct2"], "no run directory, checkpoint or model directory at"),
 ])
 def test_bad_combinations_are_refused_in_one_line(old_run, tmp_path, capsys, args, message):

@@ -38,6 +38,8 @@ def test_the_shipped_model_is_converted_to_each_format_asked_for(every_kind_run)
     assert report["verification"]["passed"] and report["quantization"] == "int8"
     assert report["from"] == str(every_kind_run / "pruned")  # no fine-tuning in this run: the export itself
     assert report["verification"]["scored"] == "references" and "int8" in report["bleu"]
+    speed = report["tokens_per_second"]  # the gated model before pruning, converted beside it
+    assert speed["pruned_over_dense"] == pytest.approx(speed["float32"] / speed["dense_float32"])
     directory = every_kind_run / "deploy" / "ct2"
     assert json.loads((directory / "deploy_report.json").read_text())["verification"] == report["verification"]
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)  # the tokenizer travels with the model

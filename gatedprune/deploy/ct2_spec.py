@@ -74,17 +74,22 @@ def _module(parent: nn.Module, path: str | None) -> nn.Module | None:
     return attr(parent, path) if path else None
 
 
+def _own(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy: ``spec.optimize`` quantizes its variables in place, which must not reach the model's weights."""
+    return tensor.detach().clone().contiguous()
+
+
 def _norm(spec, module: nn.Module) -> None:
-    spec.gamma = module.weight.detach()
+    spec.gamma = _own(module.weight)
     if not hasattr(spec, "beta"):  # RMS norm: no shift
         return
-    spec.beta = module.bias.detach()
+    spec.beta = _own(module.bias)
 
 
 def _linear(spec, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-    spec.weight = weight.detach().contiguous()
+    spec.weight = _own(weight)
     if bias is not None:
-        spec.bias = bias.detach().contiguous()
+        spec.bias = _own(bias)
 
 
 class _Attention:
@@ -216,15 +221,18 @@ def _head_dim(sites: list, config) -> int:
 
 def _fill_stack(model, stack: str, spec, module: nn.Module, by_kind: dict, heads: int, layout: CT2Layout) -> None:
     embed = module.embed_tokens
-    (spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings).weight = embed.weight.detach()
+    (spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings).weight = _own(embed.weight)
     if layout.relative_bias:
         spec.scale_embeddings = False
     else:  # BART-likes scale in the embedding module (v5) or on the stack (Marian)
         spec.scale_embeddings = float(getattr(embed, "embed_scale", None) or getattr(module, "embed_scale", 1.0))
         positions = module.embed_positions
         table = getattr(positions, "weight", None)
-        table = positions.weights if table is None else table
-        spec.position_encodings.encodings = table.detach()[getattr(positions, "offset", 0):]
+        if table is not None:  # a learned (BART) or fixed (Marian) table: position t is row offset + t
+            start = getattr(positions, "offset", 0)
+        else:  # M2M100's sinusoids count positions from padding_idx + 1
+            table, start = positions.weights, positions.padding_idx + 1
+        spec.position_encodings.encodings = _own(table[start:])
     if hasattr(spec, "layer_norm"):
         _norm(spec.layer_norm, _module(module, layout.final_norm))
     if hasattr(spec, "layernorm_embedding"):

@@ -7,6 +7,7 @@ batch, max_new_tokens, **options) -> report`` (writes into ``stage`` and verifie
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import logging
@@ -50,19 +51,26 @@ def check_formats(formats, option: str = "--format") -> list[str]:
 
 def format_module(fmt: str):
     """The module of ``fmt`` once its packages are there (one line naming the missing extra otherwise)."""
-    row = FORMATS[check_formats([fmt])[0]] if fmt in FORMATS else None
-    if row is None:
+    check_formats([fmt])
+    if fmt not in FORMATS:
         raise ValueError(f"--format {fmt} is written by the export itself, not converted to")
-    require(fmt, row.packages)
-    return importlib.import_module(row.module)
+    require(fmt, FORMATS[fmt].packages)
+    return importlib.import_module(FORMATS[fmt].module)
 
 
-def check(model: nn.Module, fmt: str, **options) -> object:
-    """The module of ``fmt``, once it has accepted ``model`` (family and shapes): nothing is written before."""
+def check_family(model: nn.Module, fmt: str, **options) -> object:
+    """The module of ``fmt``, once it covers ``model``'s family and takes ``options`` (before a run trains)."""
     module = format_module(fmt)
     family = model.config.model_type
     if family not in module.FAMILIES:
         raise ValueError(f"--format {fmt} covers {', '.join(module.FAMILIES)}; this model is {family}")
+    getattr(module, "check_options", lambda **_: None)(**options)
+    return module
+
+
+def check(model: nn.Module, fmt: str, **options) -> object:
+    """The module of ``fmt``, once it has accepted ``model`` (family and shapes): nothing is written before."""
+    module = check_family(model, fmt, **options)
     module.check(model, **options)
     return module
 
@@ -78,7 +86,9 @@ def convert(model: nn.Module, out_dir: str | Path, fmt: str, *, tokenizer=None, 
     out_dir = Path(out_dir)
     check_target(out_dir, overwrite)
     module = check(model, fmt, **options)
-    model = model.float().eval()
+    if any(p.dtype != torch.float32 for p in model.parameters()):  # verified in float32, the caller's model untouched
+        model = copy.deepcopy(model).float()
+    model.eval()
     batch = batch if batch is not None else sample_batch(model)
     with torch.no_grad(), staged(out_dir, overwrite) as stage:
         report = {"format": fmt, "runtime": FORMATS[fmt].runtime, "family": model.config.model_type,

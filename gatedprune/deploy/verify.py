@@ -2,14 +2,15 @@
 
 A runtime's tokens are compared as lists of ids, from the first generated token up to (not including) the first
 EOS: each runtime frames its output differently (``generate()`` returns the start token and pads; CTranslate2
-returns neither start nor EOS). ``generate()`` runs with the generation config's framing (decoder start, a forced
-first token) and nothing else: no forced EOS at the length limit, no repetition rules, no minimum length, which
-no other runtime applies.
+returns neither start nor EOS). ``generate()`` runs with a generation config of the model's framing only (decoder
+start, EOS, pad, a forced first token): none of the rest (a forced EOS at the length limit, repetition rules,
+suppressed tokens, a minimum length), which a runtime is given separately, if at all.
 """
 
 from __future__ import annotations
 
 import torch
+import transformers
 from torch import nn
 
 from gatedprune.errors import RunFailed
@@ -43,15 +44,20 @@ def until_eos(ids: list[int], eos: int) -> list[int]:
 def greedy_reference(model: nn.Module, batch: dict[str, torch.Tensor], max_new_tokens: int) -> list[list[int]]:
     """The PyTorch model's greedy tokens per row (generated tokens only, up to the first EOS)."""
     device = next(model.parameters()).device
-    out = model.generate(
-        input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
-        max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=False, num_beams=1,
-        forced_eos_token_id=None, no_repeat_ngram_size=0, repetition_penalty=1.0, bad_words_ids=None,
-        begin_suppress_tokens=None, suppress_tokens=None,
-    ).cpu()  # (B, 1 + T): the decoder start, then the generated tokens
-    eos = model.generation_config.eos_token_id
-    eos = eos[0] if isinstance(eos, list) else eos
-    return [until_eos(row[1:].tolist(), eos) for row in out]
+    framing = transformers.GenerationConfig(
+        decoder_start_token_id=decoder_start(model), eos_token_id=model.config.eos_token_id,
+        pad_token_id=model.config.pad_token_id, forced_bos_token_id=forced_first(model),
+        max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+    )
+    # generate() fills what a config it is given leaves at a default from the model's own: so the framing stands in
+    # for the model's own during the call
+    own, model.generation_config = model.generation_config, framing
+    try:
+        out = model.generate(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
+    finally:
+        model.generation_config = own
+    out = out.cpu()  # (B, 1 + T): the decoder start, then the generated tokens
+    return [until_eos(row[1:].tolist(), model.config.eos_token_id) for row in out]
 
 
 def compare_tokens(name: str, got: list[list[int]], want: list[list[int]]) -> dict:

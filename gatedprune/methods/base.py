@@ -77,6 +77,9 @@ class Method:
             raise ValueError("finetune.distill=true needs a teacher: set pruning.distill.alpha or pruning.distill.hidden "
                              "> 0 (it is kept only then)")
         self.check_export(export)
+        if export.deploy_formats() and not export.enabled:
+            raise ValueError(f"export.formats={list(export.formats)} with export.enabled=false: nothing is exported "
+                             f"to convert; allowed: export.formats=[hf], or export.enabled=true")
         if tuning.steps and not export.enabled:  # fine-tuning is on by default; an unexported run has no model
             print(f"note: export.enabled=false: nothing is exported, so nothing is fine-tuned (finetune.steps="
                   f"{tuning.steps} does not apply)")

@@ -108,6 +108,10 @@ class PlanMethod(Method):
         if not export.enabled:
             raise ValueError(f"pruning={self.name} with export.enabled=false; allowed: export.enabled=true (its "
                              "levels are exported to <run>/levels/<heads>_heads)")
+        if export.deploy_formats():
+            raise ValueError(f"export.formats={list(export.formats)} with pruning={self.name}, whose levels are "
+                             f"exported as hf only; allowed: [hf] (convert a level with gatedprune-export "
+                             f"<run>/levels/<level>/pruned OUT --format ...)")
 
     def check_checkpoint(self, path: Path, saved: dict) -> None:
         from gatedprune.methods.plan_run import check_dense

@@ -60,6 +60,15 @@ class ExportConfig:
             format_module(fmt)  # a missing extra is refused now, not after training
         if self.quantization is not None and "ct2" not in self.formats:
             raise ValueError(f"export.quantization={self.quantization} without ct2 in export.formats; allowed: null")
+        if "ct2" in self.formats:
+            format_module("ct2").check_options(quantization=self.quantization)
+
+    def check_model(self, model: nn.Module) -> None:
+        """Each format asked for covers the model's family: refused before training, not after."""
+        from gatedprune.deploy.formats import check_family
+
+        for fmt in self.deploy_formats():
+            check_family(model, fmt)
 
     def deploy_formats(self) -> list[str]:
         return [fmt for fmt in self.formats if fmt != "hf"]
@@ -128,6 +137,11 @@ def _float32_copy(model: transformers.PreTrainedModel, device: torch.device | st
     clone.load_state_dict(model.state_dict())
     clone.generation_config = copy.deepcopy(model.generation_config)
     return clone.to(device=device or next(model.parameters()).device, dtype=torch.float32).eval()
+
+
+def dense_copy(model: transformers.PreTrainedModel) -> nn.Module:
+    """The gated model with every structure and no gates: what it was before pruning, on the CPU in float32."""
+    return _float32_copy(model, "cpu")
 
 
 # --- writing the directory -----------------------------------------------------------------------------------

@@ -55,6 +55,7 @@ def deploy(session: Session, shipped: dict, val_pairs) -> dict:
     """The shipped model (the fine-tuned one, if any) converted to each of ``export.formats`` besides hf, into
     ``<export.deploy_dir>/<format>``, each verified in its runtime on the validation pairs; ``{format: report}``."""
     from gatedprune.deploy.formats import convert
+    from gatedprune.shipping.export import dense_copy
     from gatedprune.shipping.export_inputs import sample_batch
 
     export_cfg, module = session.export, session.module
@@ -65,7 +66,8 @@ def deploy(session: Session, shipped: dict, val_pairs) -> dict:
         model = load_pruned(source).float().eval()
         batch = sample_batch(model, module.tokenizer, val_pairs)
         out_dir = Path(export_cfg.deploy_dir) / fmt
-        options = {"quantization": export_cfg.quantization} if fmt == "ct2" else {}
+        # ct2: the gated model before pruning converted too, for the speed-up in CTranslate2
+        options = {"quantization": export_cfg.quantization, "dense": dense_copy(module.model)} if fmt == "ct2" else {}
         report = convert(model, out_dir, fmt, tokenizer=module.tokenizer, batch=batch,
                          overwrite=_inside(out_dir, session.run_dir), **options)
         reports[fmt] = {"dir": str(out_dir), "from": str(source), **report}
