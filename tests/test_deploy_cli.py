@@ -9,7 +9,7 @@ import shutil
 import pytest
 import transformers
 
-from helpers import ROOT
+from helpers import ROOT, error_line, run_train
 from gatedprune.cli import export_command
 
 pytest.importorskip("ctranslate2")
@@ -81,3 +81,17 @@ def test_bad_combinations_are_refused_in_one_line(old_run, tmp_path, capsys, arg
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not out.exists()
+
+
+def test_a_format_that_cannot_hold_the_plan_fails_the_run_after_its_metrics(tmp_path):
+    """train.py with export.formats=[hf,hf-portable] on a run that removes heads from mBART (whose stock class
+    cannot hold them): the hf export ships and metrics.json describes it, the refusal is recorded under deploy,
+    nothing is written for it, and the run fails in one line."""
+    run = tmp_path / "run"
+    proc = run_train(run, "pruning.l0_lambda=20", "pruning.gate_lr=0.5", "export.formats=[hf,hf-portable]")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    line = error_line(proc)
+    assert line.startswith("error: hf-portable: ") and "the Hugging Face export is shipped and verified" in line
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["export"]["verification"]["passed"] and metrics["deploy"]["hf-portable"]["dir"] is None
+    assert not (run / "deploy" / "hf-portable").exists()

@@ -12,7 +12,7 @@ import time
 
 from gatedprune.errors import RunFailed
 from gatedprune.reports.metrics import final_table, run_metrics
-from gatedprune.shipping.finalise import UNTUNED, finalise, tuning_error
+from gatedprune.shipping.finalise import UNTUNED, deploy_errors, finalise, tuning_error
 from gatedprune.training.session import Session
 from gatedprune.utils import atomic_write_text, write_json
 
@@ -55,4 +55,7 @@ def fit_and_ship(method, session: Session) -> dict:
     if failed:
         raise RunFailed(f"{failed['error']}; shipped {metrics['export']['dir']} as exported and verified (metrics.json "
                         "describes it), no fine-tuned model was written")
+    undeployed = deploy_errors(shipped)
+    if undeployed:
+        raise RunFailed(f"{undeployed}; the Hugging Face export is shipped and verified (metrics.json describes it)")
     return metrics

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hydra.utils import instantiate
 
-from gatedprune.errors import one_line
+from gatedprune.errors import RunFailed, one_line
 from gatedprune.shipping.export import export_gated
 from gatedprune.shipping.export_dir import save_pruned
 from gatedprune.shipping.finetune import FineTuneCheckpoint, check_finite, finetune, resume_point
@@ -68,12 +68,25 @@ def deploy(session: Session, shipped: dict, val_pairs) -> dict:
         out_dir = Path(export_cfg.deploy_dir) / fmt
         # ct2: the gated model before pruning converted too, for the speed-up in CTranslate2
         options = {"quantization": export_cfg.quantization, "dense": dense_copy(module.model)} if fmt == "ct2" else {}
-        report = convert(model, out_dir, fmt, tokenizer=module.tokenizer, batch=batch,
-                         overwrite=_inside(out_dir, session.run_dir), **options)
+        try:
+            report = convert(model, out_dir, fmt, tokenizer=module.tokenizer, batch=batch,
+                             overwrite=_inside(out_dir, session.run_dir), **options)
+        except (ValueError, RunFailed) as err:  # a plan this format cannot hold, or a check that failed: recorded
+            message = one_line(str(err))
+            named = fmt in message.partition(":")[0]  # the format's own errors name it first
+            reports[fmt] = {"dir": None, "from": str(source), "error": message if named else f"--format {fmt}: {message}"}
+            print(f"error: {reports[fmt]['error']}; nothing was written to {out_dir}")
+            continue
         reports[fmt] = {"dir": str(out_dir), "from": str(source), **report}
         print(f"wrote {out_dir} ({report['runtime']}): verified, greedy identical on "
               f"{report['verification']['greedy_sequences']} validation pairs")
     return reports
+
+
+def deploy_errors(shipped: dict) -> str | None:
+    """The formats of ``finalise``'s result that could not be written, in one line, or None."""
+    errors = [report["error"] for report in (shipped.get("deploy") or {}).values() if report.get("error")]
+    return "; ".join(errors) or None
 
 
 def ship(session: Session, val_pairs, *, rule: str, top_k, out_dir: Path, finetune_dir: Path,
