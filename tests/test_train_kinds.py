@@ -151,3 +151,23 @@ def test_the_sweep_speed_benchmark_times_every_export_of_a_sweep(every_kind_run,
     assert result["params"] == report["params_after"] and set(result["speed"]) == {"1", "32"}
     assert all(cell["wall"] > 0 and cell["cpu"] > 0 for cell in result["speed"].values())
     assert "| run | lambda |" in out.read_text()
+
+
+def test_the_runtimes_benchmark_times_dense_and_pruned_in_each_runtime(every_kind_run, tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("runtimes", ROOT / "benchmarks" / "runtimes.py")
+    runtimes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runtimes)
+    out = tmp_path / "runtimes.md"
+    chosen = ["transformers", "ct2 float32", "ct2 int8"]
+    assert runtimes.main(["--dense", str(every_kind_run / "checkpoints" / "dense.ckpt"), "--exports",
+                          str(every_kind_run / "pruned"), "--skip-base", "--runtimes", *chosen, "--threads", "1",
+                          "--sentences", "2", "--repeats", "1", "--new-tokens", "4", "--out", str(out)]) == 0
+    results = json.loads(out.with_suffix(".json").read_text())
+    (group,) = results["groups"].values()
+    cells = {(c["variant"], c["runtime"], c["batch"]) for c in group["cells"] if c["wall"] > 0}
+    assert cells == {(v, r, b) for v in group["variants"] for r in chosen for b in (1, 32)}
+    # the same sentences in each runtime: float32 CTranslate2 gives generate()'s translations, so its BLEU
+    assert all(b["ct2 float32"] == pytest.approx(b["transformers"]) for b in results["bleu"].values())
+    assert "| model | runtime | threads |" in out.read_text()
