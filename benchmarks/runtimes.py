@@ -176,8 +176,8 @@ def default_variants(dense_ckpt: Path, exports: list[Path], workdir: Path, onnx:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dense", type=Path, required=True, help="the default model's dense checkpoint")
-    parser.add_argument("--exports", type=Path, nargs="+", required=True, help="exports of the sweep (RUN/pruned)")
+    parser.add_argument("--dense", type=Path, help="the default model's dense checkpoint")
+    parser.add_argument("--exports", type=Path, nargs="+", help="exports of the sweep (RUN/pruned)")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--sentences", type=int, default=4, help="sources decoded one at a time (batch 1)")
     parser.add_argument("--repeats", type=int, default=3)
@@ -185,7 +185,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-base", action="store_true", help="leave out the Transformer-base shapes")
     parser.add_argument("--runtimes", nargs="+", choices=RUNTIMES, default=list(RUNTIMES))
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--render", action="store_true", help="rewrite --out from its .json, without a rerun")
     args = parser.parse_args(argv)
+    if args.render:
+        results = json.loads(args.out.with_suffix(".json").read_text())
+        atomic_write_text(args.out, render(results, results.get("new_tokens", args.new_tokens)))
+        return 0
+    if args.dense is None or not args.exports:
+        parser.error("--dense and --exports are required (except with --render)")
     work = Path(tempfile.mkdtemp(prefix="runtimes-"))
     groups = {}
     onnx = "onnx" in args.runtimes
@@ -196,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         generator = torch.Generator().manual_seed(0)
         sources = torch.randint(1, 31000, (32, 24), generator=generator).tolist()
         groups["Transformer-base shapes (random weights, 24-token sources)"] = (base_variants(work, onnx), sources)
-    results = {"command": command_line("runtimes.py", sys.argv[1:] if argv is None else argv), "machine": machine(), "versions": versions(), "groups": {}}
+    results = {"new_tokens": args.new_tokens,
+               "command": command_line("runtimes.py", sys.argv[1:] if argv is None else argv), "machine": machine(),
+               "versions": versions(), "groups": {}}
     for title, (variants, sources) in groups.items():
         group = {"variants": {v.name: {"params": v.params, "note": v.note} for v in variants}, "cells": []}
         for threads in args.threads:
@@ -220,10 +229,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def render(results: dict, new_tokens: int) -> str:
+    results.setdefault("new_tokens", new_tokens)
     lines = [f"Measured with `{results['command']}` ({results['machine']}; {results['versions']}).", "",
              f"Greedy decoding of exactly {new_tokens} tokens per sentence. ms/sentence = wall time of the batch / "
              f"sentences; speed-up = dense `generate()` time / this time, same threads and batch, timed alternately "
-             f"in one process (median of repeats).", ""]
+             f"in one process (median of repeats). threads: torch's threads, CTranslate2's intra_threads, ONNX Runtime's "
+             f"intra-op threads (the machine string names the torch setting the script started with). CPU only: no "
+             f"GPU was lent to this issue.", ""]
     for title, group in results["groups"].items():
         lines += [f"## {title}", ""]
         for name, v in group["variants"].items():
@@ -231,17 +243,20 @@ def render(results: dict, new_tokens: int) -> str:
         lines.append("")
         cells = group["cells"]
         dense = next(iter(group["variants"]))
-        header = ["model", "runtime", "threads", "b1 ms/sentence", "b1 speed-up", "b32 ms/sentence", "b32 speed-up",
-                  "b1 CPU speed-up"]
+        header = ["model", "runtime", "threads", "b1 ms/sentence", "b1 tokens/s", "b1 speed-up", "b32 ms/sentence",
+                  "b32 tokens/s", "b32 speed-up", "b1 CPU speed-up"]
         rows = []
         for cell in (c for c in cells if c["batch"] == 1):
             other = next(c for c in cells if c["batch"] == 32 and c["variant"] == cell["variant"]
                          and c["runtime"] == cell["runtime"] and c["threads"] == cell["threads"])
             base = {b: next(c for c in cells if c["batch"] == b and c["variant"] == dense
                             and c["runtime"] == "transformers" and c["threads"] == cell["threads"]) for b in (1, 32)}
+            tokens = results["new_tokens"]
             rows.append([cell["variant"], cell["runtime"], cell["threads"],
-                         f"{1000 * cell['wall'] / cell['sentences']:.1f}", f"{base[1]['wall'] / cell['wall']:.2f}",
-                         f"{1000 * other['wall'] / other['sentences']:.2f}", f"{base[32]['wall'] / other['wall']:.2f}",
+                         f"{1000 * cell['wall'] / cell['sentences']:.1f}",
+                         f"{tokens * cell['sentences'] / cell['wall']:.0f}", f"{base[1]['wall'] / cell['wall']:.2f}",
+                         f"{1000 * other['wall'] / other['sentences']:.2f}",
+                         f"{tokens * other['sentences'] / other['wall']:.0f}", f"{base[32]['wall'] / other['wall']:.2f}",
                          f"{base[1]['cpu'] / cell['cpu']:.2f}" if cell["threads"] == 1 else "-"])
         lines += [markdown_table(header, rows), ""]
     lines += ["## Validation BLEU in each runtime (the default model)", "",

@@ -106,6 +106,19 @@ def test_a_pruned_model_of_every_family_gives_pytorchs_greedy_tokens_in_ctransla
     assert report["padded_head_slots"]["decoder"] > 0
 
 
+def test_a_uniform_plan_with_equal_self_and_cross_counts_needs_no_padding(model_of, tmp_path):
+    """What pruning.uniform_heads ships (one count per layer and kind; here also self = cross): no padding slots."""
+    model = _talkative(model_of("t5"))
+    plan = {s.path: [i for i in range(s.num_units) if i % 2 == s.layer % 2]  # 2 of 4 heads, other ones per layer
+            for s in structure_sites(model, ["encoder", "decoder", "cross"])}
+    prune_heads(model, plan)
+    batch = _batch(model)
+    report = formats.convert(model, tmp_path / "ct2", "ct2", batch=batch, max_new_tokens=MAX_NEW)
+    assert report["heads"] == {"encoder": 2, "decoder": 2}
+    assert report["padded_head_slots"] == {"encoder": 0, "decoder": 0}
+    assert _ct2_greedy(tmp_path / "ct2", model, batch) == _pytorch_greedy(model, batch)
+
+
 @pytest.mark.parametrize("family", ["mbart", "t5"])
 def test_edge_plans_every_cross_head_and_unit_of_a_layer_and_every_encoder_layer(model_of, family, tmp_path):
     model = _talkative(model_of(family))
