@@ -177,3 +177,20 @@ def test_gate_temperature_anneals_geometrically_over_the_gated_phase(tmp_path):
     rows = list(csv.DictReader((tmp_path / "run" / "csv" / "metrics.csv").open()))
     logged = [(int(r["step"]), float(r["train/gate_temperature"])) for r in rows if r.get("train/gate_temperature")]
     assert logged and logged[-1][1] < start and all(b <= a for (_, a), (_, b) in zip(logged, logged[1:]))
+
+
+def test_converge_stops_dense_training_once_bleu_stops_improving_and_saves_dense_ckpt(tmp_path):
+    """callbacks=converge (what experiment=converge uses), patience 1, a validation every 5 steps: the tiny model's
+    BLEU does not rise past its first validation's, so the run stops at the second (step 10 of 400) and saves the
+    checkpoint comparisons fork from there."""
+    run = tmp_path / "run"
+    proc = run_train(run, "callbacks=converge", "callbacks.converge.patience=1", "dense_steps=400",
+                     "trainer.max_steps=400", "trainer.val_check_interval=5", "export.enabled=false")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    metrics = json.loads((run / "metrics.json").read_text())
+    converged = metrics["converged"]
+    assert converged["converged"] and converged["step"] == metrics["steps"] == 10 and converged["best_step"] == 5
+    assert metrics["method"] == "dense" and (run / "checkpoints" / "dense.ckpt").is_file()
+    saved = torch.load(run / "checkpoints" / "dense.ckpt", weights_only=False, map_location="cpu")
+    assert saved["global_step"] == 10
+    assert "converged at step 10" in proc.stdout

@@ -170,6 +170,8 @@ def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoin
         }
     if finetuned is not None:
         metrics["finetune"] = finetuned
+    if getattr(module, "converged", None):  # experiment=converge: where the dense training stopped, and why
+        metrics["converged"] = module.converged
     if deploy:
         metrics["deploy"] = deploy  # {format: the conversion's report}: where it is, and how it was verified
     metrics["bleu_under_budget"] = budget_objective(metrics, head_budget)
