@@ -122,6 +122,21 @@ def test_a_pruned_model_decodes_in_onnxruntime_as_in_pytorch(exported, family):
     assert set(report["files"]) >= {"encoder.onnx", "decoder_step.onnx", CONFIG_FILE}
 
 
+@pytest.mark.parametrize("batch_size, length", [(1, 40), (5, 3)])
+def test_the_graphs_take_other_batch_sizes_and_lengths_than_they_were_traced_and_verified_at(exported, batch_size,
+                                                                                            length):
+    """Batch 1 with a 40-token source, batch 5 of 3 tokens with a padded row: the graphs' batch, source and cache
+    lengths are symbolic, so the loop gives the PyTorch loop's tokens there too."""
+    model, _, out, _ = exported("t5")
+    generator = torch.Generator().manual_seed(batch_size)
+    input_ids = torch.randint(2, model.config.vocab_size, (batch_size, length), generator=generator)
+    mask = torch.ones_like(input_ids)
+    mask[-1, length // 2:] = 0 if batch_size > 1 else 1
+    got = OnnxSeq2Seq(out, threads=1).generate(input_ids.numpy(), mask.numpy(), STEPS, stop_at_eos=False)
+    want = _pytorch_greedy(model, {"input_ids": input_ids, "attention_mask": mask}, STEPS)
+    assert torch.equal(torch.from_numpy(got), want)
+
+
 def test_edge_shapes_export_modules_without_heads_and_no_encoder_layer(tmp_path):
     model = _tiny("t5", decoder_layers=3)  # the shared position bias, handed past a layer without heads
     prune_heads(model, _edge_plan(model))

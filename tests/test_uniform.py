@@ -271,6 +271,26 @@ def test_a_budgeted_run_with_uniform_heads_exports_one_count_per_layer(tmp_path)
         if total is None:  # no target: the binary rule's total
             total = sum(int((log_alpha[i] > 0).sum()) for i in sites)
         n = _count(total, LAYERS)
-        expected = {layout["paths"][i]: sorted(torch.argsort(log_alpha[i], descending=True)[:n].tolist())
+        expected = {layout["paths"][i]: sorted(torch.argsort(log_alpha[i], descending=True, stable=True)[:n].tolist())
                     for i in sites}
         assert report["plan"][kind] == expected, kind
+
+
+@pytest.mark.parametrize("uniform", [False, True])
+def test_a_per_kind_top_k_is_not_spent_inside_a_dropped_layer(uniform):
+    """Three decoder layers, the middle one's layer gate closed, cross log_alpha (3, 2.9, 2.8, -3) in each: top-k
+    with 6 cross heads ships 6, all in the two layers that stay (3 each); a head ranks no higher than its layer."""
+    config = FAMILY_CONFIGS["bart"]()
+    config.decoder_layers = 3
+    model = transformers.AutoModelForSeq2SeqLM.from_config(config).eval()
+    gates = attach_gates(model, ["cross", "decoder_layer"]).set_uniform(heads=uniform)
+    with torch.no_grad():
+        for i, gate in enumerate(gates.gates):
+            if gates.kinds[i] == "cross":
+                gate.log_alpha.copy_(torch.tensor([3.0, 2.9, 2.8, -3.0]))
+            else:
+                gate.log_alpha.fill_(-5.0 if gates.layers[i] == 1 else 5.0)
+    plan = gates.plan("top-k", {"cross": 6}, note=False)
+    assert plan["model.decoder.layers"] == [0, 2]
+    for layer in (0, 2):
+        assert plan[f"model.decoder.layers.{layer}.encoder_attn"] == [0, 1, 2]

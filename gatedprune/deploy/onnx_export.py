@@ -103,12 +103,6 @@ def check(model: nn.Module, quantization: str | None = None, **_) -> None:
                          f"allowed: float32 or none")
 
 
-def _eos_ids(model: nn.Module) -> list[int]:
-    eos = model.generation_config.eos_token_id
-    eos = model.config.eos_token_id if eos is None else eos
-    return list(eos) if isinstance(eos, (list, tuple)) else [eos]
-
-
 @torch.no_grad()
 def _example(model: nn.Module) -> tuple[dict, list[torch.Tensor], list[torch.Tensor]]:
     """Traced inputs: a padded source batch, and the self and cross caches PyTorch builds for it."""
@@ -162,7 +156,7 @@ def export(model: nn.Module, stage: Path) -> dict:
         "family": model.config.model_type,
         "exporter": f"torch.onnx.export(dynamo=True), torch {torch.__version__}",
         "opset": opset,
-        "tokens": {"decoder_start": verify.decoder_start(model), "eos": _eos_ids(model),
+        "tokens": {"decoder_start": verify.decoder_start(model), "eos": verify.eos_ids(model),
                    "pad": model.config.pad_token_id, "forced_first": verify.forced_first(model)},
         "vocab_size": model.get_output_embeddings().weight.shape[0],
         "encoder": {"file": ENCODER_FILE, "inputs": ["input_ids", "attention_mask"],

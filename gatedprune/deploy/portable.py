@@ -89,8 +89,9 @@ def _check_empty(model: nn.Module) -> None:
                              f"{_config_name(model)} has no attention without heads; {ANY_SHAPES}")
     for site in model_ffn_sites(model):
         if site.width == 0:
-            raise ValueError(f"{NAME}: the {KINDS[site.kind].stack} FFN of layer {site.layer} has no units left; the "
-                             f"stock {_config_name(model)} has no empty FFN; {ANY_SHAPES}")
+            raise ValueError(f"{NAME}: the {KINDS[site.kind].stack} FFN of layer {site.layer} has no units left; an "
+                             f"FFN of width 0 is not written as a stock {_config_name(model)} (ct2 pads it with one "
+                             f"zero unit); {ANY_SHAPES}")
 
 
 def _check_heads(model: nn.Module, family: Family, record: dict) -> None:
@@ -107,8 +108,9 @@ def _check_heads(model: nn.Module, family: Family, record: dict) -> None:
         if len({n for counts in per_kind.values() for n in counts}) > 1:
             shown = "; ".join(f"{KINDS[kind].title} {_counts(counts)}" for kind, counts in per_kind.items())
             raise ValueError(f"{NAME}: attention head counts differ ({shown}); the stock {_config_name(model)} has "
-                             f"one {field} for every attention module; prune every module to the same count "
-                             f"(pruning.uniform_heads=true gives one per kind) or {ANY_SHAPES}")
+                             f"one {field} for every attention module, self and cross, so every module keeps the "
+                             f"same count (pruning.uniform_heads=true gives one per kind, not one for all, nor the "
+                             f"same heads in every layer); {ANY_SHAPES}")
     for stack in STACKS:  # the shared position bias: one column per head, for every self-attention layer
         if record["layout"].get(stack, {}).get("position_bias") != "shared":
             continue
@@ -127,8 +129,11 @@ def _check_ffn(model: nn.Module, family: Family) -> None:
         uneven = [kind for kind, widths in per_kind.items() if len(set(widths)) > 1]
         if uneven:  # within a stack: the export rule that keeps one width per stack fixes it
             widths = per_kind[uneven[0]]
+            both = "" if family.ffn[0] != family.ffn[1] else ", for both stacks"  # one name: one width for both
+            hint = ("prune with pruning.uniform_ffn=true" if not both else
+                    f"pruning.uniform_ffn=true gives one width per stack, not one for both; {ANY_SHAPES}")
             raise ValueError(f"{NAME}: {KINDS[uneven[0]].stack} FFN widths differ by layer ({_counts(widths)}); the "
-                             f"stock {_config_name(model)} has one {field}; prune with pruning.uniform_ffn=true")
+                             f"stock {_config_name(model)} has one {field}{both}; {hint}")
         shown = "; ".join(f"{KINDS[kind].stack} {widths[0]}" for kind, widths in per_kind.items())
         raise ValueError(f"{NAME}: FFN widths differ between the stacks ({shown}); the stock {_config_name(model)} "
                          f"has one {field} for both; {ANY_SHAPES}")

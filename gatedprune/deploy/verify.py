@@ -36,8 +36,17 @@ def decoder_start(model: nn.Module) -> int:
     return model.config.decoder_start_token_id if start is None else start
 
 
-def until_eos(ids: list[int], eos: int) -> list[int]:
-    return ids[: ids.index(eos)] if eos in ids else ids
+def eos_ids(model: nn.Module) -> list[int]:
+    """Every id generation stops at: the generation config's (a list for some models), else the config's."""
+    eos = model.generation_config.eos_token_id
+    eos = model.config.eos_token_id if eos is None else eos
+    return list(eos) if isinstance(eos, (list, tuple)) else [eos]
+
+
+def until_eos(ids: list[int], eos: int | list[int]) -> list[int]:
+    """``ids`` up to (not including) the first of the ``eos`` ids."""
+    stops = set(eos) if isinstance(eos, (list, tuple, set)) else {eos}
+    return ids[: next((i for i, t in enumerate(ids) if t in stops), len(ids))]
 
 
 @torch.no_grad()
@@ -45,7 +54,7 @@ def greedy_reference(model: nn.Module, batch: dict[str, torch.Tensor], max_new_t
     """The PyTorch model's greedy tokens per row (generated tokens only, up to the first EOS)."""
     device = next(model.parameters()).device
     framing = transformers.GenerationConfig(
-        decoder_start_token_id=decoder_start(model), eos_token_id=model.config.eos_token_id,
+        decoder_start_token_id=decoder_start(model), eos_token_id=eos_ids(model),
         pad_token_id=model.config.pad_token_id, forced_bos_token_id=forced_first(model),
         max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
     )
@@ -57,7 +66,7 @@ def greedy_reference(model: nn.Module, batch: dict[str, torch.Tensor], max_new_t
     finally:
         model.generation_config = own
     out = out.cpu()  # (B, 1 + T): the decoder start, then the generated tokens
-    return [until_eos(row[1:].tolist(), model.config.eos_token_id) for row in out]
+    return [until_eos(row[1:].tolist(), eos_ids(model)) for row in out]
 
 
 def compare_tokens(name: str, got: list[list[int]], want: list[list[int]]) -> dict:

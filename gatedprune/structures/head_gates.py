@@ -198,8 +198,11 @@ class HeadGates(nn.Module):
             if top_k is not None:
                 raise ValueError("top_k is only used by rule='top-k'")
             return keep
-        scores = self.log_alpha()  # (N,)
         site_of_gate = torch.repeat_interleave(torch.tensor([g.num_heads for g in self.gates]))  # (N,)
+        # a structure ranks no higher than its layer: k is not spent inside layers the plan drops
+        layer_scores = torch.stack([self.gates[o].log_alpha.detach().cpu()[0] if o is not None else torch.tensor(
+            float("inf")) for o in self.outer])  # (sites,)
+        scores = torch.minimum(self.log_alpha(), layer_scores[site_of_gate])  # (N,)
         for group, k in (dict(top_k) if isinstance(top_k, dict) else {"total": top_k}).items():
             members = torch.nonzero(torch.isin(site_of_gate, torch.tensor(self.group(group)))).flatten()
             if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= len(members):
@@ -227,7 +230,8 @@ class HeadGates(nn.Module):
                     print(f"note: every decoder layer gate is closed; the plan keeps the most open one, layer "
                           f"{self.layers[best]} (log_alpha {self.gates[best].log_alpha.item():.3f})")
         if self.uniform:
-            per_site = even_out(self, per_site, self.uniform, round_down)
+            targets = top_k if rule == "top-k" and isinstance(top_k, dict) else None
+            per_site = even_out(self, per_site, self.uniform, round_down, targets, note)
         plan: dict[str, list[int]] = {}
         for i, kept in enumerate(per_site):
             if self.structures[i] == "layer":

@@ -6,8 +6,9 @@ option on, every layer of a kind keeps the same number of structures:
 
     count = round(kept / L)        (0 when kept is 0, at least 1 otherwise)
 
-where ``kept`` is what the run's rule keeps of the kind (log_alpha > 0, top-k, or the params rule) in the layers
-present, and L is how many layers are present (a layer dropped by its layer gate counts in neither). Each layer then
+where ``kept`` is what the run's rule keeps of the kind (log_alpha > 0, or the params rule) in the layers
+present, or under a per-kind top-k the kind's k itself (top-k ranks gates before layers settle, so some of k may
+land in a dropped layer), and L is how many layers are present (a layer dropped by its layer gate counts in neither). Each layer then
 keeps its ``count`` largest log_alpha (ties: the earlier gate, as top-k). Under the params rule the count is rounded
 down instead, so the plan still fits the budget (a kind that kept fewer than L then keeps none): within a kind every
 structure costs the same, so ``count * L <= kept`` keeps no more parameters. ``round`` is Python's (halves to even),
@@ -51,14 +52,20 @@ def per_layer_count(kept: int, layers: int, round_down: bool = False) -> int:
     return kept // layers if round_down else max(1, round(kept / layers))
 
 
-def even_out(gates, per_site: list[torch.Tensor], kinds, round_down: bool = False) -> list[torch.Tensor]:
+def even_out(gates, per_site: list[torch.Tensor], kinds, round_down: bool = False, targets: dict | None = None,
+             note: bool = True) -> list[torch.Tensor]:
     """``per_site`` keep masks (one (G,) bool tensor per site of ``gates``, layer gates settled) with every layer of
-    each kind in ``kinds`` keeping ``per_layer_count`` gates, its largest log_alpha; other sites as they were."""
+    each kind in ``kinds`` keeping ``per_layer_count`` gates, its largest log_alpha; other sites as they were.
+    ``targets``: ``{kind: k}`` of a per-kind top-k, the totals those kinds keep."""
     per_site = list(per_site)
     for kind in kinds:
         sites = [i for i, k in enumerate(gates.kinds) if k == kind]
         present = [i for i in sites if gates.outer[i] is None or bool(per_site[gates.outer[i]][0])]
-        count = per_layer_count(sum(int(per_site[i].sum()) for i in present), len(present), round_down)
+        kept = (targets or {}).get(kind, sum(int(per_site[i].sum()) for i in present))
+        count = per_layer_count(kept, len(present), round_down)
+        if note and kept and not count:
+            print(f"note: the parameter budget's {kept} {kind} structures over {len(present)} layers round down to "
+                  f"none per layer (uniform): the plan keeps no {kind} structure")
         for i in sites:
             ranked = torch.argsort(gates.gates[i].log_alpha.detach().cpu(), descending=True, stable=True)  # (G,)
             keep = torch.zeros_like(per_site[i])
