@@ -3,6 +3,8 @@ here with the PyTorch model's own greedy tokens and reference log-probabilities,
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -56,10 +58,7 @@ def _mixed_plan(model) -> dict:
 
 def _ct2_greedy(directory, model, batch) -> list[list[int]]:
     """CTranslate2's greedy ids, read here with the vocabulary file the export wrote."""
-    tokens = (directory / "shared_vocabulary.json").read_text()
-    import json
-
-    tokens = json.loads(tokens)
+    tokens = json.loads((directory / "shared_vocabulary.json").read_text())
     translator = ctranslate2.Translator(str(directory), device="cpu", compute_type="float32")
     index = {t: i for i, t in enumerate(tokens)}
     sources = [[tokens[i] for i in row[mask.bool()].tolist()]
