@@ -43,11 +43,11 @@ def check(model: nn.Module, quantization: str | None = None, **_) -> None:
     if len(sizes) > 1 or getattr(model.config, "share_encoder_decoder_embeddings", True) is False:
         raise ValueError(f"--format ct2: this {model.config.model_type} model has separate source and target "
                          f"vocabularies, which this export does not map; allowed: one shared vocabulary")
-    kv = [s for s in attention_sites(model) if s.num_kv_heads != s.num_heads]
     if not attention_sites(model, ["encoder"]) and not is_pre_norm(model):
         raise ValueError(f"--format ct2: this {model.config.model_type} model has no encoder layer left, and "
                          f"CTranslate2 needs one; a post-norm family has no layer that adds nothing; allowed: "
                          f"a plan that keeps an encoder layer, or a pre-norm family (mbart, m2m_100, t5, mt5)")
+    kv = [s for s in attention_sites(model) if s.num_kv_heads != s.num_heads]
     if kv:
         raise ValueError(f"--format ct2: {kv[0].path} has grouped key/value heads ({kv[0].num_kv_heads} for "
                          f"{kv[0].num_heads} query heads), which this export does not map; allowed: "

@@ -162,10 +162,8 @@ def build_spec(model: nn.Module, tokens: list[str]):
     options = dict(pre_norm=pre_norm, activation=getattr(common_spec.Activation,
                                                          ACTIVATIONS[getattr(config, layout.activation)]),
                    layernorm_embedding=_module(encoder_module, layout.embedding_norm) is not None,
-                   relative_attention_bias=t5, rms_norm=t5,
-                   ffn_glu=len(by_kind["encoder_ffn"][0].layout.inputs) == 2 if by_kind["encoder_ffn"] else False)
-    if by_kind["decoder_ffn"]:
-        options["ffn_glu"] = len(by_kind["decoder_ffn"][0].layout.inputs) == 2
+                   relative_attention_bias=t5, rms_norm=t5,  # a gated FFN (T5 v1.1) has two input projections
+                   ffn_glu=any(len(s.layout.inputs) == 2 for s in by_kind["encoder_ffn"] + by_kind["decoder_ffn"]))
     # CTranslate2 loads no stack without layers: an encoder left with none gets one that adds nothing (pre-norm)
     encoder = transformer_spec.TransformerEncoderSpec(
         max(len(by_kind["encoder"]), 1), heads["encoder"], head_dim=_head_dim(by_kind["encoder"], config), **options)

@@ -10,8 +10,6 @@ from pathlib import Path
 
 import transformers
 
-from gatedprune.surgery.pruned_modeling import CONFIG_KEY
-
 log = logging.getLogger("gatedprune.export")
 
 
@@ -21,17 +19,11 @@ def is_model_dir(source: Path) -> bool:
 
 
 def load_model_dir(source: Path):
-    """``(model, tokenizer or None)``: a gatedprune export through ``load_pruned``, any other through its stock
-    class; float32, eval mode."""
-    import json
+    """``(model, tokenizer or None)``: a gatedprune export or any other seq2seq directory (``load_seq2seq``);
+    float32, eval mode."""
+    from gatedprune.surgery.model_loading import load_seq2seq
 
-    from gatedprune.surgery.model_loading import load_pruned
-
-    config = json.loads((source / "config.json").read_text())
-    if CONFIG_KEY in config:
-        model = load_pruned(source)
-    else:
-        model = transformers.AutoModelForSeq2SeqLM.from_pretrained(source)
+    model = load_seq2seq(source)
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError, TypeError):
@@ -48,12 +40,10 @@ def convert_source(source: str | Path, out_dir: str | Path, fmt: str, *, val_pai
     from gatedprune.deploy.formats import check, convert
     from gatedprune.shipping.export import export_checkpoint
     from gatedprune.shipping.export_dir import check_out_dir, check_target
-    from gatedprune.shipping.export_inputs import find_run_files, read_pairs, sample_batch
+    from gatedprune.shipping.export_inputs import check_counts, find_run_files, read_pairs, sample_batch
 
     source, out_dir = Path(source), Path(out_dir)
-    for name, value in (("samples", samples), ("max-new-tokens", max_new_tokens)):
-        if value < 1:
-            raise ValueError(f"--{name}={value} is below 1; allowed: a whole number >= 1")
+    check_counts(samples, max_new_tokens)
     if not source.exists():
         raise FileNotFoundError(f"no run directory, checkpoint or model directory at {source}")
     check_target(out_dir, overwrite)

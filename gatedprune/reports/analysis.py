@@ -89,7 +89,7 @@ class Subject:
 def load_subject(path: Path, cfg) -> Subject:
     """A run directory's last checkpoint (gates in the run's evaluation mode) or a model directory."""
     from gatedprune.training.checkpoints import load_gated_checkpoint
-    from gatedprune.reports.evaluate import load_seq2seq
+    from gatedprune.surgery.model_loading import load_seq2seq
 
     checkpoint = path / "checkpoints" / "last.ckpt"
     if checkpoint.is_file():

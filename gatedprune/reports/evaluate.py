@@ -18,28 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from gatedprune.reports.scoring import GenerationConfig, score
-
-
-def load_seq2seq(model_dir: str | Path):
-    """A pruned export (``load_pruned``) or any Hugging Face seq2seq model (directory or cached hub id);
-    ``ValueError`` for anything else."""
-    import transformers
-
-    from gatedprune.surgery.pruned_modeling import CONFIG_KEY
-    from gatedprune.surgery.model_loading import load_pruned
-
-    path = Path(model_dir)
-    if path.is_dir() and not (path / "config.json").is_file():
-        raise ValueError(f"{model_dir} is not a model directory (no config.json)")
-    try:  # a local directory, or a hub id already in the cache (nothing is downloaded offline)
-        config = transformers.AutoConfig.from_pretrained(model_dir)
-    except OSError:
-        raise ValueError(f"{model_dir} is neither a model directory nor a cached hub model") from None
-    if getattr(config, CONFIG_KEY, None) is not None:
-        return load_pruned(model_dir)
-    if type(config) not in transformers.AutoModelForSeq2SeqLM._model_mapping:
-        raise ValueError(f"{model_dir} holds a {config.model_type!r} model, not a sequence-to-sequence one")
-    return transformers.AutoModelForSeq2SeqLM.from_pretrained(model_dir)
+from gatedprune.surgery.model_loading import load_seq2seq
 
 
 RUN_RECORD = ".hydra"  # where Hydra records a run's config (config.yaml) and its command line (overrides.yaml)

@@ -19,7 +19,7 @@ import transformers
 from torch import nn
 
 from gatedprune.shipping import export_dir
-from gatedprune.shipping.export_inputs import Pairs, check_device, file_record, find_run_files, read_pairs
+from gatedprune.shipping.export_inputs import Pairs, check_counts, check_device, file_record, find_run_files, read_pairs
 from gatedprune.shipping.export_inputs import sample_batch  # noqa: F401  (API: the verification batch)
 from gatedprune.training.checkpoints import load_gated_checkpoint
 from gatedprune.errors import RunFailed
@@ -298,9 +298,7 @@ def export_checkpoint(
 ) -> dict:
     """``export_gated`` for a run directory or a Lightning checkpoint; tokenizer and val_pairs.jsonl from the run."""
     check_device(device)
-    for name, value in (("samples", samples), ("max-new-tokens", max_new_tokens)):
-        if value < 1:  # 0 or fewer would verify on nothing (or on every pair: read_pairs takes -1 as no limit)
-            raise ValueError(f"--{name}={value} is below 1; allowed: a whole number >= 1")
+    check_counts(samples, max_new_tokens)
     checkpoint, run_dir = find_run_files(Path(source))
     check_out_dir(Path(out_dir), protected=[checkpoint, *([run_dir] if run_dir else [])], run_dir=run_dir)
     model, gates = load_gated_checkpoint(checkpoint)

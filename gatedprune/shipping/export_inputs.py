@@ -80,6 +80,14 @@ def check_device(device: str | None) -> None:
         raise ValueError(f"--device {device} is not available here; allowed: {allowed}")
 
 
+def check_counts(samples: int, max_new_tokens: int) -> None:
+    """``--samples`` and ``--max-new-tokens`` of an export: 0 or fewer would verify on nothing (or on every pair:
+    ``read_pairs`` takes -1 as no limit)."""
+    for name, value in (("samples", samples), ("max-new-tokens", max_new_tokens)):
+        if value < 1:
+            raise ValueError(f"--{name}={value} is below 1; allowed: a whole number >= 1")
+
+
 def read_pairs(path: Path, limit: int) -> list[tuple[str, str]]:
     """The first ``limit`` (source, target) pairs of a JSON-lines file with "source" and "target" fields."""
     pairs = []

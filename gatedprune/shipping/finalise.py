@@ -61,10 +61,10 @@ def deploy(session: Session, shipped: dict, val_pairs) -> dict:
     export_cfg, module = session.export, session.module
     tuned = shipped["finetuned"] or {}
     source = Path(tuned["dir"] if tuned.get("dir") else shipped["export"]["dir"])
-    reports = {}
+    reports, batch = {}, None
     for fmt in export_cfg.deploy_formats():
-        model = load_pruned(source).float().eval()
-        batch = sample_batch(model, module.tokenizer, val_pairs)
+        model = load_pruned(source).float().eval()  # a fresh copy for each format: none sees another's changes
+        batch = batch if batch is not None else sample_batch(model, module.tokenizer, val_pairs)
         out_dir = Path(export_cfg.deploy_dir) / fmt
         # ct2: the gated model before pruning converted too, for the speed-up in CTranslate2
         options = {"quantization": export_cfg.quantization, "dense": dense_copy(module.model)} if fmt == "ct2" else {}

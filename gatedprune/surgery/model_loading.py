@@ -1,5 +1,6 @@
 """Loading models: the family class of a config, a pretrained model or one built from a config (sized to the
-tokenizer), and a pruned export with its cut shapes (``load_pruned``)."""
+tokenizer), a pruned export with its cut shapes (``load_pruned``), and either of those from a directory
+(``load_seq2seq``)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,23 @@ def load_pruned(path: str | Path, **from_pretrained_kwargs) -> transformers.PreT
     # the subclass only adds the shape restore to the constructor; once built, the model is an ordinary `base`
     model.__class__ = base
     return model
+
+
+def load_seq2seq(model_dir: str | Path):
+    """A pruned export (``load_pruned``) or any Hugging Face seq2seq model (directory or cached hub id);
+    ``ValueError`` for anything else."""
+    path = Path(model_dir)
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ValueError(f"{model_dir} is not a model directory (no config.json)")
+    try:  # a local directory, or a hub id already in the cache (nothing is downloaded offline)
+        config = transformers.AutoConfig.from_pretrained(model_dir)
+    except OSError:
+        raise ValueError(f"{model_dir} is neither a model directory nor a cached hub model") from None
+    if getattr(config, CONFIG_KEY, None) is not None:
+        return load_pruned(model_dir)
+    if type(config) not in transformers.AutoModelForSeq2SeqLM._model_mapping:
+        raise ValueError(f"{model_dir} holds a {config.model_type!r} model, not a sequence-to-sequence one")
+    return transformers.AutoModelForSeq2SeqLM.from_pretrained(model_dir)
 
 
 def check_layout(config: transformers.PretrainedConfig, layout: str | dict | None = None) -> None:
