@@ -15,7 +15,7 @@ from helpers import compose_train, run_train
 
 from gatedprune import attach_gates
 from gatedprune.methods.baselines import AStar, Michel, Random
-from gatedprune.methods.budget import HeadBudget, ParamBudget
+from gatedprune.methods.budget import CostBudget, HeadBudget
 from gatedprune.methods.gated import L0, L0Budget
 from gatedprune.structures.kinds import ATTENTION_KINDS, FFN_KINDS
 from gatedprune.surgery.cut import removed_parameters
@@ -205,7 +205,7 @@ def test_a_parameter_budget_ties_the_feed_forward_layers(bart3):
         assert gates.prunable_params == unit * FFN * 2 * LAYERS
         fixed = gates.non_embedding_params - gates.prunable_params
         target = 1 - 0.5 * gates.prunable_params / gates.non_embedding_params
-        budget = ParamBudget(gates, target, warmup_steps=0)
+        budget = CostBudget(gates, "params", target, warmup_steps=0)
         with torch.no_grad():
             budget.lambda1.copy_(torch.linspace(-1, 1, 1 + 2 * LAYERS))
             budget.lambda2.fill_(0.5)
@@ -220,12 +220,12 @@ def test_l0_budget_shapes_its_gates_and_says_what_an_uneven_target_keeps(bart3, 
     gates = attach_gates(bart3)
     try:
         method = L0Budget(uniform_heads=True, target_heads={"encoder": 5, "cross": 6})
-        budget = method.build(gates)
+        budget = method.build(gates, bart3)
         assert gates.uniform == ATTENTION_KINDS and budget.lambda1.numel() == 2 + 3 * LAYERS
         out = capsys.readouterr().out
         assert "target_heads=5 for encoder over its 3 layers: uniform_heads keeps 2 per layer (6 heads)" in out
         assert "for cross" not in out  # 6 over 3 layers: met exactly
-        L0().build(gates)
+        L0().build(gates, bart3)
         assert gates.uniform == ()  # off: every plan as the rule keeps it
     finally:
         gates.remove()

@@ -7,9 +7,10 @@ import importlib.util
 EXTRA = "deploy"
 
 
-def require(fmt: str, packages: tuple[str, ...]) -> None:
-    """Refuse ``fmt`` in one line naming the missing packages and the extra that installs them."""
+def require(fmt: str, packages: tuple[str, ...], option: str | None = None) -> None:
+    """Refuse ``fmt`` (or the ``option`` that needs it) in one line naming the missing packages and the extra that
+    installs them."""
     missing = [name for name in packages if importlib.util.find_spec(name) is None]
     if missing:
-        raise ValueError(f"--format {fmt} needs {', '.join(missing)}, not installed; install the extra: "
+        raise ValueError(f"{option or '--format ' + fmt} needs {', '.join(missing)}, not installed; install the extra: "
                          f"pip install 'gatedprune[{EXTRA}]'")

@@ -18,11 +18,13 @@ constraint per layer i of each uniform kind K, with its own multipliers,
 (the layer's own gates, not nested: a layer gate decides whether the layer stays, not how many it keeps). The group's
 target fixes the total, these ties spread it evenly: with a per-kind ``target_heads``, both hold only when every layer
 of K expects target / L_K open heads, the target applied per layer; a "total" target splits over the kinds as
-training settles it, each kind evenly over its layers. A parameter budget is tied the same way. The export then keeps
+training settles it, each kind evenly over its layers. A cost budget (parameters, FLOPs, latency) is tied the same way. The export then keeps
 round(kept / L) per layer, so a target that L does not divide is met to within L / 2 structures.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -125,47 +127,54 @@ class HeadBudget(_Lagrangian):
         return self._lagrangian(gap)
 
 
-class ParamBudget(_Lagrangian):
-    """Drives the expected kept fraction of the non-embedding parameters to ``target`` (one group).
+class CostBudget(_Lagrangian):
+    """Drives the expected kept fraction of the dense model's cost in one unit to ``target`` (one group).
 
-    s = (non-embedding parameters the gates cannot remove + expected kept prunable ones) / non-embedding parameters,
-    nesting-aware (``HeadGates.expected_params``); the same Lagrangian as ``HeadBudget``, its target ramping from 1.
+    unit: ``params`` (non-embedding parameters), ``flops`` or ``latency`` of ``pruning.workload``
+    (``gatedprune.costs``); s = (cost the gates cannot remove + expected kept prunable cost) / dense cost,
+    nesting-aware (``StructureCosts.expected``); the same Lagrangian as ``HeadBudget``, its target ramping from 1.
     A target below what removing every prunable structure reaches is refused with that floor.
     """
 
-    def __init__(self, gates: HeadGates, target: float, warmup_steps: int):
+    WHAT = {"params": "non-embedding parameters", "flops": "FLOPs", "latency": "predicted latency"}
+
+    def __init__(self, gates: HeadGates, unit: str, target: float, warmup_steps: int):
         super().__init__()
         self.gates = [gates]
-        self.total = gates.non_embedding_params
-        self.fixed = self.total - gates.prunable_params  # what no gate can remove
-        floor = self.fixed / self.total
+        self.unit = unit
+        self.costs = gates.costs[unit]
+        floor = self.costs.floor
         if target < floor:
-            raise ValueError(f"pruning.target_params={target} is below what removing every gated structure reaches "
-                             f"({floor:.4f} of the non-embedding parameters); allowed: a fraction in [{floor:.4f}, 1)")
+            least = math.ceil(floor * 10_000) / 10_000  # rounded up: the value shown is allowed
+            raise ValueError(f"pruning.target_{unit}={target} is below what removing every gated structure reaches "
+                             f"({least} of the dense model's {self.WHAT[unit]}); allowed: a fraction in [{least}, 1)")
         self.target = target
         self.warmup_steps = warmup_steps
-        self.groups = ["params"]
+        self.groups = [unit]
         self._multipliers(gates, 1)
 
     @property
     def targets(self) -> dict[str, float]:
-        return {"params": self.target}
+        return {self.unit: self.target}
 
     @property
-    def kept_params_allowed(self) -> int:
-        """Prunable parameters the export may keep: the target less what no gate can remove."""
-        return int(self.target * self.total) - self.fixed
+    def kept_allowed(self) -> float:
+        """Prunable cost the export may keep: the target less what no gate can remove (parameters: a count)."""
+        if self.unit == "params":
+            return int(self.target * self.costs.total) - (self.costs.total - self.costs.prunable)
+        return self.costs.allowed(self.target)
 
     def target_fraction(self, gated_step: int) -> torch.Tensor:
         ramp = min(1.0, gated_step / self.warmup_steps) if self.warmup_steps > 0 else 1.0
         return torch.tensor([1.0 - ramp * (1.0 - self.target)])  # (1,)
 
     def expected_fraction(self) -> torch.Tensor:
-        return ((self.fixed + self.gates[0].expected_params()) / self.total).reshape(1)  # (1,)
+        fixed = self.costs.total - self.costs.prunable
+        return ((fixed + self.costs.expected(self.gates[0])) / self.costs.total).reshape(1)  # (1,)
 
     @torch.no_grad()
     def report(self) -> dict[str, dict[str, float]]:
-        return {"params": {"target": self.target, "expected_kept": self.expected_fraction().item()}}
+        return {self.unit: {"target": self.target, "expected_kept": self.expected_fraction().item()}}
 
     def forward(self, gated_step: int) -> torch.Tensor:
         gap = self.expected_fraction() - self.target_fraction(gated_step).to(self.lambda1.device)  # (1,)

@@ -27,7 +27,9 @@ import torch
 from torch import nn
 
 from gatedprune.methods.base import Method
-from gatedprune.methods.budget import HeadBudget, ParamBudget, resolve_targets
+from gatedprune.costs.build import gate_costs
+from gatedprune.costs.workload import Workload
+from gatedprune.methods.budget import CostBudget, HeadBudget, resolve_targets
 from gatedprune.shipping.export_dir import check_out_dir
 from gatedprune.structures.hard_concrete import GATE_MODES, GateOptions
 from gatedprune.structures.head_gates import PENALTY_NORMALISATIONS, HeadGates
@@ -72,6 +74,7 @@ class GatedPruning(Method):
         if self.eval_gate_mode not in GATE_MODES:
             raise ValueError(f"pruning.eval_gate_mode={self.eval_gate_mode!r}; allowed: {', '.join(GATE_MODES)}")
         uniform_kinds(self.kinds, self.uniform_heads, self.uniform_ffn)  # refuses an option with nothing to shape
+        self.cost_dirs: list[Path] = []  # where cost fits are cached and looked up (train.py adds a fork's source)
 
     def gate_options(self) -> GateOptions:
         return self.gates
@@ -104,9 +107,9 @@ class GatedPruning(Method):
 
     # ---- what the Lightning module asks ------------------------------------------------------------------------
 
-    def build(self, gates: HeadGates) -> nn.Module | None:
+    def build(self, gates: HeadGates, model: nn.Module) -> nn.Module | None:
         """Trainable state of the method beside the gates (a Lagrangian's multipliers), or None. Called once the
-        gates are attached: it also gives them the plan's shape (``uniform_heads``, ``uniform_ffn``)."""
+        gates are attached to ``model``: it also gives them the plan's shape (``uniform_heads``, ``uniform_ffn``)."""
         gates.set_uniform(self.uniform_heads, self.uniform_ffn)
         return None
 
@@ -189,7 +192,7 @@ class GatedPruning(Method):
 
     def describe(self, state: nn.Module | None) -> dict:
         """The method's own settings for metrics.json (keys shared by all methods, None where they do not apply)."""
-        return {"l0_lambda": None, "penalty_normalisation": None, "target_heads": None, "target_params": None}
+        return {"l0_lambda": None, "penalty_normalisation": None, "target_heads": None, **NO_COST_TARGET}
 
 
 @dataclass
@@ -218,38 +221,59 @@ class L0(GatedPruning):
 
     def describe(self, state: nn.Module | None) -> dict:
         return {"l0_lambda": self.l0_lambda, "penalty_normalisation": self.penalty_normalisation, "target_heads": None,
-                "target_params": None}
+                **NO_COST_TARGET}
+
+
+COST_TARGETS = ("target_params", "target_flops", "target_latency")  # fractions of the dense model's cost
+NO_COST_TARGET = dict.fromkeys(COST_TARGETS)
 
 
 @dataclass
 class L0Budget(GatedPruning):
-    """An exact budget: ``target_heads`` (a count, a fraction of the gated heads, or ``{kind: count or fraction}``;
-    half the heads when neither target is set), or ``target_params`` (the fraction of the non-embedding parameters
-    kept)."""
+    """An exact budget, one target per run: ``target_heads`` (a count, a fraction of the gated heads, or
+    ``{kind: count or fraction}``; half the heads when no target is set), or the fraction of the dense model's cost
+    kept: ``target_params`` (non-embedding parameters), ``target_flops`` or ``target_latency`` (of one generate() call
+    of ``workload``, ``gatedprune.costs``)."""
 
     target_heads: int | float | dict | None = None
     target_params: float | None = None
+    target_flops: float | None = None
+    target_latency: float | None = None
+    # what FLOPs and latency are predicted for (gatedprune.costs.workload.Workload): lengths, batch, beams, runtime
+    workload: dict = field(default_factory=lambda: asdict(Workload()))
+    cost_dir: str | None = None  # where a latency fit is cached (the run's checkpoints): reused by forks
     target_warmup_steps: int = 100  # gated steps over which the target ramps from all heads to its value
     lagrangian_lr: float = 0.05
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.target_heads is not None and self.target_params is not None:
-            raise ValueError(f"pruning.target_heads={self.target_heads} and pruning.target_params={self.target_params}: "
-                             "a budget takes one target; allowed: one of them, the other null")
-        if self.target_params is not None and (isinstance(self.target_params, bool) or not 0 < self.target_params < 1):
-            raise ValueError(f"pruning.target_params={self.target_params}; allowed: a fraction in (0, 1) of the "
-                             "non-embedding parameters to keep")
-        if self.target_heads is None and self.target_params is None:
+        given = {name: getattr(self, name) for name in ("target_heads", *COST_TARGETS) if getattr(self, name) is not None}
+        if len(given) > 1:
+            listed = " and ".join(f"pruning.{k}={v}" for k, v in given.items())
+            raise ValueError(f"{listed}: a budget takes one target; allowed: one of them, the others null")
+        for name in COST_TARGETS:
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1):
+                raise ValueError(f"pruning.{name}={value}; allowed: a fraction in (0, 1) of the dense model's cost to keep")
+        if not given:
             self.target_heads = 0.5
+        self.workload = Workload.of(self.workload)
+        self.cost_dirs = [Path(self.cost_dir)] if self.cost_dir else []
         if self.target_warmup_steps < 0:  # a negative ramp would act as none without a word
             raise ValueError(f"pruning.target_warmup_steps={self.target_warmup_steps} is negative; allowed: an "
                              "integer >= 0")
 
-    def build(self, gates: HeadGates) -> HeadBudget | ParamBudget:
-        super().build(gates)  # the plan's shape first: the budget ties the layers of the uniform kinds
-        if self.target_params is not None:
-            return ParamBudget(gates, self.target_params, self.target_warmup_steps)
+    @property
+    def cost_unit(self) -> str | None:
+        """params, flops or latency when the target is a cost; None for a head budget."""
+        return next((name.removeprefix("target_") for name in COST_TARGETS if getattr(self, name) is not None), None)
+
+    def build(self, gates: HeadGates, model: nn.Module) -> HeadBudget | CostBudget:
+        super().build(gates, model)  # the plan's shape first: the budget ties the layers of the uniform kinds
+        unit = self.cost_unit
+        if unit is not None:
+            self.cost_source = gate_costs(unit, model, gates, self.workload, self.cost_dirs)
+            return CostBudget(gates, unit, getattr(self, f"target_{unit}"), self.target_warmup_steps)
         targets = resolve_targets(self.target_heads, gates)
         for kind, target in targets.items():
             layers = gates.kinds.count(kind)
@@ -259,17 +283,17 @@ class L0Budget(GatedPruning):
                       f"{each} per layer ({each * layers} heads)")
         return HeadBudget(gates, targets, self.target_warmup_steps)
 
-    def param_groups(self, state: HeadBudget) -> list[dict]:
+    def param_groups(self, state: HeadBudget | CostBudget) -> list[dict]:
         # lambda1, lambda2: their gradients are negated (HeadBudget), so this is ascent
         return [{"params": list(state.parameters()), "weight_decay": 0.0, "lr": self.lagrangian_lr}]
 
-    def penalty(self, gates: HeadGates, state: HeadBudget, gated_step: int) -> tuple[torch.Tensor, dict]:
+    def penalty(self, gates: HeadGates, state: HeadBudget | CostBudget, gated_step: int) -> tuple[torch.Tensor, dict]:
         penalty = state(gated_step)
         return penalty, {"train/lagrangian": penalty, "train/lambda1": state.lambda1.sum()}
 
-    def export_rule(self, state: HeadBudget | ParamBudget) -> tuple[str, dict | int]:
-        if isinstance(state, ParamBudget):  # the most open structures whose parameters fit the target
-            return "params", state.kept_params_allowed
+    def export_rule(self, state: HeadBudget | CostBudget) -> tuple[str, dict | int | float]:
+        if isinstance(state, CostBudget):  # the most open structures whose cost fits the target
+            return state.unit, state.kept_allowed
         return "top-k", state.targets  # the budget, met exactly per budget group
 
     def settles_from(self) -> int:
@@ -295,12 +319,12 @@ class L0Budget(GatedPruning):
             )
             self.target_warmup_steps = gated_steps // 2
 
-    def describe(self, state: HeadBudget | None) -> dict:
-        if self.target_params is not None:
-            return {"l0_lambda": None, "penalty_normalisation": None, "target_heads": None,
-                    "target_params": self.target_params}
+    def describe(self, state: HeadBudget | CostBudget | None) -> dict:
+        costs = {name: getattr(self, name) for name in COST_TARGETS}
+        if self.cost_unit is not None:
+            return {"l0_lambda": None, "penalty_normalisation": None, "target_heads": None, **costs}
         targets = state.targets if state is not None else self.target_heads
-        return {"l0_lambda": None, "penalty_normalisation": None, "target_heads": targets, "target_params": None}
+        return {"l0_lambda": None, "penalty_normalisation": None, "target_heads": targets, **costs}
 
 
 def method_settings(method: GatedPruning) -> dict:

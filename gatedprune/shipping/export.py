@@ -92,6 +92,8 @@ class ExportError(RunFailed):
 def _rule_name(rule: str, top_k: int | dict | None) -> str:
     if rule == "params":
         return f"params, at most {top_k:,} prunable parameters kept"
+    if rule in ("flops", "latency"):
+        return f"{rule}, at most {top_k:.4g} of prunable {rule} kept"
     return "binary" if rule == "binary" else f"top-k, k={top_k}"
 
 
@@ -204,6 +206,7 @@ def export_gated(
             gated_logits, gated_tokens = _logits(work, batch), _greedy(work, batch, max_new_tokens)
         params_before = count_parameters(work)
         params_removed = removed_parameters(work, plan)
+        dense_costs = {unit: c.linear.of(work) for unit, c in gates.costs.items() if c.linear is not None}
         work.save_pretrained(stage / "unpruned")
         size_before = export_dir.weights_size(stage / "unpruned")
         shutil.rmtree(stage / "unpruned")
@@ -236,9 +239,10 @@ def export_gated(
             and check["params_match"]
         )
         budget = _params_budget(gates, rule, top_k, params_removed)
+        predicted = _predicted(gates, dense_costs, work, params_removed)
         report = {
             **export_dir.describe(work, stage, size_before), "unconverged_gates": unconverged, "decided_by_rule": decided,
-            **({"params_budget": budget} if budget else {}),
+            **({"params_budget": budget} if budget else {}), "predicted": predicted,
             "verification": check, **({"checkpoint": checkpoint} if checkpoint else {}),
         }
         log.info("%s", _verification_summary(report))
@@ -263,6 +267,19 @@ def _params_budget(gates: HeadGates, rule: str, allowed, removed: int) -> dict |
     log.info("parameter budget: %s of at most %s prunable parameters kept; %.4f of the non-embedding parameters",
              f"{budget['prunable_kept']:,}", f"{allowed:,}", budget["non_embedding_kept_fraction"])
     return budget
+
+
+def _predicted(gates: HeadGates, dense_costs: dict[str, float], pruned: nn.Module, removed: int) -> dict:
+    """The pruned model's cost as a fraction of the dense model's, in every unit the gates were costed in
+    (``gatedprune.costs``: parameters always; FLOPs and latency under a budget in them), and the speed-up the
+    latency fit predicts."""
+    total = gates.non_embedding_params
+    predicted = {"params": (total - removed) / total}
+    for unit, dense in dense_costs.items():
+        predicted[unit] = gates.costs[unit].linear.of(pruned) / dense
+    if "latency" in predicted:
+        predicted["speed_up"] = 1 / predicted["latency"]
+    return predicted
 
 
 def _verification_summary(report: dict) -> str:

@@ -16,6 +16,7 @@ from collections import Counter
 import torch
 from torch import nn
 
+from gatedprune.costs.linear import StructureCosts
 from gatedprune.structures.adapters import probe
 from gatedprune.structures.hard_concrete import GATE_MODES, GateOptions, HardConcreteGate
 from gatedprune.structures.kinds import ALL_KINDS, ATTENTION_KINDS, KINDS, check_kinds
@@ -24,8 +25,9 @@ from gatedprune.structures.uniform import even_out, uniform_kinds
 
 PENALTY_NORMALISATIONS = ("layer_mean", "sum", "head_mean", "params")
 RULES = ("binary", "top-k")  # how gates become a plan: log_alpha > 0, or the k largest log_alpha
-# and, for a parameter budget: the most open structures whose parameters fit (top_k: the prunable parameters kept)
-PLAN_RULES = (*RULES, "params")
+# and, for a budget in a cost unit: the most open structures whose cost fits (top_k: the prunable cost kept)
+COST_UNITS = ("params", "flops", "latency")
+PLAN_RULES = (*RULES, *COST_UNITS)
 
 
 class HeadGates(nn.Module):
@@ -56,7 +58,9 @@ class HeadGates(nn.Module):
         layer_gate = {(self.stacks[i], self.layers[i]): i for i, st in enumerate(self.structures) if st == "layer"}
         self.outer = [None if st == "layer" else layer_gate.get((self.stacks[i], self.layers[i]))
                       for i, st in enumerate(self.structures)]
-        self._cost = _Costs(sites, self)
+        # the expected kept cost per unit (gatedprune.costs.linear): parameters always, FLOPs and latency once a budget
+        # in them has measured the model (set_costs)
+        self.costs: dict[str, StructureCosts] = {"params": StructureCosts.of_parameters(sites, self, total=0)}
         self._handles = [handle for i, site in enumerate(sites) for handle in site.attach(self._value(i))]
 
     def _value(self, i: int):
@@ -106,12 +110,19 @@ class HeadGates(nn.Module):
 
     def expected_params(self) -> torch.Tensor:
         """Expected number of kept prunable parameters (differentiable; see ``_Costs``)."""
-        return self._cost.expected(self)
+        return self.costs["params"].expected(self)
 
     @property
     def prunable_params(self) -> int:
         """Parameters the gates can remove: whole gated layers, and the gated units of the other layers."""
-        return self._cost.prunable
+        return self.costs["params"].prunable
+
+    def set_costs(self, unit: str, costs: StructureCosts) -> "HeadGates":
+        """What a plan costs in ``unit`` (one of ``COST_UNITS``), for the rule of that name."""
+        if unit not in COST_UNITS:
+            raise ValueError(f"unknown cost unit {unit!r}; allowed: {', '.join(COST_UNITS)}")
+        self.costs[unit] = costs
+        return self
 
     # ---- one flat view of every gate: (path, kind, layer, index) -------------------------------------------------
     def group(self, group: str) -> list[int]:
@@ -191,8 +202,10 @@ class HeadGates(nn.Module):
         gates; groups it does not name follow the binary rule). Ties: the earlier gate wins."""
         if rule not in PLAN_RULES:
             raise ValueError(f"unknown gate rule {rule!r}; allowed: {', '.join(RULES)}")
-        if rule == "params":
-            return self._cost.within(self, top_k)
+        if rule in COST_UNITS:
+            if rule not in self.costs:
+                raise ValueError(f"rule {rule!r}: these gates have no {rule} costs yet (HeadGates.set_costs)")
+            return self.costs[rule].within(self, top_k)
         keep = torch.cat([gate.binary().detach().cpu().bool() for gate in self.gates])  # (N,)
         if rule == "binary":
             if top_k is not None:
@@ -218,7 +231,7 @@ class HeadGates(nn.Module):
         ``{attention module path: kept heads, feed-forward output projection path: kept units, stack's layers path:
         kept layers}``. A decoder whose every layer gate is closed keeps its most open layer, and says so. Kinds in
         ``self.uniform`` then keep one count per layer (``uniform.even_out``; rounded down under the params rule)."""
-        round_down = keep is None and rule == "params"  # a parameter budget stays met
+        round_down = keep is None and rule in COST_UNITS  # a cost budget stays met
         keep = self.keep_mask(rule, top_k) if keep is None else keep.clone()
         per_site = self.per_site(keep)
         for kind, path in self.layers_paths.items():
@@ -317,68 +330,6 @@ class HeadGates(nn.Module):
             )
 
 
-class _Costs:
-    """The expected kept size of a gated model, nesting-aware (CoFiPruning's expected model size).
-
-    Per layer L of a stack, with P(L) = 1 where the layer is not gated:
-        E_L = P(L) * (fixed_L + sum over gated sites s in L of sum_g P(open_g) * params_g)
-    where params_g is what gate g removes (a head's q/k/v/o share, ``ffn_group`` units' rows and column) and fixed_L
-    the rest of L (norms, biases, ungated structures); fixed_L counts only when L is gated, since only then can it
-    go. prunable = sum over gated layers of their parameters + sum over the other layers of their gated units'.
-    """
-
-    def __init__(self, sites: list, gates: HeadGates):
-        self.unit = [float(s.unit_parameters() * size) for s, size in zip(sites, gates.group_sizes)]
-        self.fixed: dict[int, float] = {}  # layer gate -> fixed_L
-        self.prunable = 0
-        for i, site in enumerate(sites):
-            if gates.structures[i] == "layer":
-                inner = sum(self.unit[j] * gates.gates[j].num_heads for j in range(len(sites)) if gates.outer[j] == i)
-                self.fixed[i] = site.unit_parameters() - inner
-                self.prunable += site.unit_parameters()
-            elif gates.outer[i] is None:
-                self.prunable += int(round(self.unit[i] * gates.gates[i].num_heads))
-
-    @torch.no_grad()
-    def within(self, gates: HeadGates, allowed: int) -> torch.Tensor:
-        """The flat keep mask (N,) of the most open structures whose kept prunable parameters do not exceed
-        ``allowed``: gates are taken by log_alpha, largest first, a head or unit ranked no higher than its layer (it
-        is kept only with it); a layer costs its fixed part, its content is paid for gate by gate. One that does not
-        fit is passed over for smaller ones after it."""
-        scores = gates.per_site(gates.log_alpha())
-        order = []  # (score, site, gate)
-        for i, score in enumerate(scores):
-            outer = gates.outer[i]
-            for j, value in enumerate(score.tolist()):
-                order.append((min(value, scores[outer].item()) if outer is not None else value, i, j))
-        order.sort(key=lambda e: (-e[0], gates.structures[e[1]] != "layer"))  # a layer before its content; stable
-        keep = [torch.zeros(len(s), dtype=torch.bool) for s in scores]
-        spent = 0.0
-        for _, i, j in order:
-            outer = gates.outer[i]
-            if outer is not None and not keep[outer][0]:
-                continue  # its layer did not fit
-            cost = self.fixed[i] if gates.structures[i] == "layer" else self.unit[i]
-            if spent + cost <= allowed:
-                keep[i][j] = True
-                spent += cost
-        return torch.cat(keep)
-
-    def expected(self, gates: HeadGates) -> torch.Tensor:
-        inner = {i: torch.tensor(fixed, device=gates.gates[i].log_alpha.device) for i, fixed in self.fixed.items()}
-        total = []
-        for i, gate in enumerate(gates.gates):
-            if gates.structures[i] == "layer":
-                continue
-            own = (gate.p_open() * self.unit[i]).sum()
-            if gates.outer[i] is None:
-                total.append(own)
-            else:
-                inner[gates.outer[i]] = inner[gates.outer[i]] + own
-        total += [gates.gates[i].p_open().sum() * value for i, value in inner.items()]
-        return torch.stack(total).sum()
-
-
 def attach_gates(model: nn.Module, kinds=ATTENTION_KINDS, ffn_group: int = 1, **gate_options) -> HeadGates:
     """Gate every structure of the given kinds of ``model``; returns the module holding the gates.
 
@@ -388,6 +339,7 @@ def attach_gates(model: nn.Module, kinds=ATTENTION_KINDS, ffn_group: int = 1, **
     options = GateOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in gate_options.items()})
     gates = HeadGates(structure_sites(model, check_kinds(kinds)), options, ffn_group)
     gates.non_embedding_params = non_embedding_parameters(model)
+    gates.costs["params"].total = gates.non_embedding_params
     return gates.to(next(model.parameters()).device)
 
 

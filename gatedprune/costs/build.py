@@ -1,0 +1,69 @@
+"""The cost of a model in one unit (``params``, ``flops``, ``latency``) for a workload, and its gates' under it.
+
+Latency is looked up before it is measured: ``pruning.workload.table`` if given, else a fit cached in one of
+``cache_dirs`` (the run's checkpoint directory, then the one a fork starts from), else measured here (``timer``,
+default the workload runtime's) and cached in the first.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+from torch import nn
+
+from gatedprune.costs import latency, table
+from gatedprune.costs.flops import flops_cost
+from gatedprune.costs.linear import LinearCost, StructureCosts
+from gatedprune.costs.timers import TIMERS
+from gatedprune.costs.workload import Workload
+from gatedprune.surgery.model_loading import fresh_model
+
+
+def unhooked_copy(model: nn.Module) -> nn.Module:
+    """``model``'s weights in a fresh instance: no gate hook comes along (a deep copy would keep calling them)."""
+    clone = fresh_model(copy.deepcopy(model.config))
+    clone.load_state_dict(model.state_dict())
+    return clone.float().eval()
+
+
+def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = (), timer=None) -> tuple[LinearCost, dict]:
+    """(cost, where it came from: {"source": "table" | "cache" | "measured", "path", "device", "probes"?})."""
+    wanted = table.key(model, workload)
+    if workload.table is not None:
+        saved, cost = table.read(Path(workload.table))
+        table.check_match(Path(workload.table), saved, wanted)
+        return cost, {"source": "table", "path": str(workload.table), "device": saved["device"]}
+    name = table.file_name(wanted)
+    for directory in cache_dirs:
+        path = Path(directory) / name
+        if path.is_file():
+            saved, cost = table.read(path)
+            if saved == wanted:  # a hash collision, or an edited file, is measured again
+                return cost, {"source": "cache", "path": str(path), "device": saved["device"]}
+    print(f"measuring latency per structure ({workload.runtime}, batch {workload.batch}, {workload.source_tokens} -> "
+          f"{workload.target_tokens} tokens, beams {workload.num_beams}, {wanted['device']})")
+    cost, probes = latency.fit_latency(unhooked_copy(model), workload, timer or TIMERS[workload.runtime])
+    info = {"source": "measured", "path": None, "device": wanted["device"], "probes": probes}
+    if cache_dirs:
+        path = Path(cache_dirs[0]) / name
+        table.save(path, wanted, cost, probes)
+        info["path"] = str(path)
+    return cost, info
+
+
+def linear_cost(unit: str, model: nn.Module, workload: Workload, cache_dirs=(), timer=None) -> tuple[LinearCost, dict]:
+    if unit == "flops":
+        return flops_cost(model, workload), {"source": "formula"}
+    if unit == "latency":
+        return latency_cost(model, workload, cache_dirs, timer)
+    raise ValueError(f"unknown cost unit {unit!r}; allowed: flops, latency (parameters are counted on the gates)")
+
+
+def gate_costs(unit: str, model: nn.Module, gates, workload: Workload, cache_dirs=(), timer=None) -> dict:
+    """Set ``gates``' costs in ``unit`` (``HeadGates.set_costs``); returns what they were made from."""
+    if unit == "params":
+        return {"source": "counted"}
+    cost, info = linear_cost(unit, model, workload, cache_dirs, timer)
+    gates.set_costs(unit, StructureCosts.of_linear(cost, model, gates))
+    return {**info, "base": cost.base, "coefficients": cost.coefficients}

@@ -1,0 +1,90 @@
+"""Latency per structure, fitted: time the dense model and cut copies of it, solve for a cost per structure.
+
+The probes are the dense model and, for each kind, one copy with every layer's structures of that kind shrunk to
+each of ``workload.probe_fractions`` (heads and FFN units: the first ones kept; layers: evenly spaced ones, a
+decoder keeping one). With n_jk the structures of kind k in probe j (``counts.features``) and t_j its time, the
+fit is the ``LinearCost`` with
+
+    minimise  sum_j ((base + sum_k c_k n_jk - t_j) / t_j)^2     subject to  c_k >= 0
+
+relative errors, since a prediction is judged by its ratio to the measurement; a coefficient that would go
+negative (timing noise on a cheap kind) is held at 0 and the rest refitted. The expected latency of the gates is
+then linear in their nested P(open) (``linear.StructureCosts``), as the budget needs.
+
+The timer is a parameter: ``timer(models, workload) -> [seconds]`` (``timers``), so a test can inject a fake one.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+from torch import nn
+
+from gatedprune.costs.counts import features, kind_sites
+from gatedprune.costs.linear import LinearCost
+from gatedprune.costs.workload import Workload
+from gatedprune.structures.adapters import probe as probe_layout
+from gatedprune.structures.kinds import ALL_KINDS, KINDS
+from gatedprune.surgery.cut import prune_heads
+
+
+def probe_plans(model: nn.Module, fractions: tuple) -> list[tuple[str, dict]]:
+    """``[(name, plan)]``: the dense model (an empty plan), then each kind shrunk to each fraction."""
+    plans = [("dense", {})]
+    layers = probe_layout(model).layers
+    for kind, sites in kind_sites(model).items():
+        spec = KINDS[kind]
+        for fraction in fractions:
+            if spec.structure == "layer":
+                total = len(model.get_submodule(layers[spec.stack]))
+                keep = max(round(fraction * total), 1 if spec.stack == "decoder" else 0)
+                if keep >= total:
+                    continue
+                spaced = sorted({round(i * (total - 1) / max(keep - 1, 1)) for i in range(keep)}) if keep else []
+                plans.append((f"{kind} {keep}/{total}", {layers[spec.stack]: spaced}))
+            else:
+                plan = {s.path: list(range(round(fraction * s.num_units))) for s in sites}
+                plans.append((f"{kind} {fraction:g}", plan))
+    return plans
+
+
+def probe_models(model: nn.Module, fractions: tuple) -> list[tuple[str, nn.Module]]:
+    """The probe plans cut out of copies of ``model`` (which is left as it is)."""
+    return [(name, prune_heads(copy.deepcopy(model), plan) if plan else copy.deepcopy(model))
+            for name, plan in probe_plans(model, fractions)]
+
+
+def fit(rows: list[dict[str, int]], seconds: list[float]) -> tuple[float, dict[str, float]]:
+    """(base, {kind: c_k}) of the non-negative relative least-squares fit (see the module)."""
+    kinds = [k for k in ALL_KINDS if len({row[k] for row in rows}) > 1]  # only what the probes varied is identifiable
+    t = np.asarray(seconds, dtype=np.float64)  # (J,)
+    X = np.asarray([[1.0, *(row[k] for k in kinds)] for row in rows], dtype=np.float64)  # (J, 1 + K)
+    free = list(range(X.shape[1]))
+    while True:
+        weighted = X[:, free] / t[:, None]
+        solution, *_ = np.linalg.lstsq(weighted, np.ones_like(t), rcond=None)
+        negative = [free[i] for i, value in enumerate(solution) if value < 0 and free[i] != 0]
+        if not negative:
+            break
+        free.remove(min(negative, key=lambda i: solution[free.index(i)]))  # the most negative held at 0
+    c = np.zeros(X.shape[1])
+    c[free] = solution
+    constant = {k: rows[0][k] for k in ALL_KINDS if k not in kinds}  # never varied: part of the base
+    return float(c[0]), {**dict.fromkeys(constant, 0.0), **{k: float(v) for k, v in zip(kinds, c[1:])}}
+
+
+def fit_latency(model: nn.Module, workload: Workload, timer) -> tuple[LinearCost, list[dict]]:
+    """Time the probes of ``model`` with ``timer`` and fit; returns the cost and one row per probe (name,
+    structures, seconds measured and predicted)."""
+    probes = probe_models(model, workload.probe_fractions)
+    seconds = timer([m for _, m in probes], workload)
+    if any(not (s > 0 and math.isfinite(s)) for s in seconds):
+        raise ValueError(f"the latency timer returned {seconds}: every time must be a positive number of seconds")
+    rows = [features(m) for _, m in probes]
+    base, coefficients = fit(rows, seconds)
+    cost = LinearCost("latency", base, coefficients)
+    table = [{"probe": name, "structures": row, "seconds": s, "predicted": cost.of(m)}
+             for (name, m), row, s in zip(probes, rows, seconds)]
+    return cost, table

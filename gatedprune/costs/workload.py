@@ -1,0 +1,70 @@
+"""What a cost is predicted for (``pruning.workload``): one generate() call, on a device, in a runtime."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from gatedprune.utils import check_numbers
+
+RUNTIMES = ("torch", "ct2")  # generate() in PyTorch, or CTranslate2's translate_batch (gatedprune[deploy])
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Sentences of ``source_tokens`` tokens decoded to exactly ``target_tokens`` new tokens, ``batch`` at a time,
+    greedy (``num_beams`` 1) or beam search, in ``runtime`` on ``device``. ``table``: a latency fit measured
+    elsewhere (``gatedprune-latency`` on the user's server) used instead of timing here."""
+
+    source_tokens: int = 32
+    target_tokens: int = 32
+    batch: int = 1
+    num_beams: int = 1
+    runtime: str = "torch"
+    device: str = "cpu"
+    threads: int | None = None  # CPU threads while timing (torch.set_num_threads / ct2 intra_threads); None: as set
+    quantization: str | None = None  # ct2 only: the compute type timed (int8, ...); None: float32
+    repeats: int = 3  # timings per probe model (median), alternating between them
+    probe_fractions: tuple = (0.5, 0.0)  # each kind shrunk to these fractions of its structures, one copy each
+    table: str | None = None
+
+    def __post_init__(self) -> None:
+        check_numbers("pruning.workload", self)
+        for name in ("source_tokens", "target_tokens", "batch", "num_beams", "repeats"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"pruning.workload.{name}={value!r}; allowed: an integer >= 1")
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
+                                         or self.threads < 1):
+            raise ValueError(f"pruning.workload.threads={self.threads!r}; allowed: null or an integer >= 1")
+        if self.runtime not in RUNTIMES:
+            raise ValueError(f"pruning.workload.runtime={self.runtime!r}; allowed: {', '.join(RUNTIMES)}")
+        if self.device not in DEVICES:
+            raise ValueError(f"pruning.workload.device={self.device!r}; allowed: {', '.join(DEVICES)}")
+        if self.quantization is not None and self.runtime != "ct2":
+            raise ValueError(f"pruning.workload.quantization={self.quantization!r} with runtime {self.runtime}; "
+                             "allowed: null (a compute type is CTranslate2's: runtime ct2)")
+        fractions = tuple(self.probe_fractions)
+        if not fractions or any(isinstance(f, bool) or not 0 <= f < 1 for f in fractions):
+            raise ValueError(f"pruning.workload.probe_fractions={list(fractions)}; allowed: one or more fractions "
+                             "in [0, 1)")
+        object.__setattr__(self, "probe_fractions", fractions)
+
+    def decoding(self) -> dict:
+        """What the cost depends on besides the model and the machine (the cache key's workload part)."""
+        keep = ("source_tokens", "target_tokens", "batch", "num_beams", "runtime", "device", "threads", "quantization")
+        return {k: v for k, v in asdict(self).items() if k in keep}
+
+    @classmethod
+    def of(cls, value) -> "Workload":
+        """From a config mapping (unknown keys refused in one line), or a ``Workload``."""
+        if isinstance(value, cls):
+            return value
+        value = dict(value or {})
+        unknown = sorted(set(value) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"pruning.workload has unknown key(s) {unknown}; allowed: "
+                             f"{', '.join(cls.__dataclass_fields__)}")
+        if isinstance(value.get("probe_fractions"), (list, tuple)) or hasattr(value.get("probe_fractions"), "__len__"):
+            value["probe_fractions"] = tuple(value["probe_fractions"])
+        return cls(**value)

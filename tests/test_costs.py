@@ -1,0 +1,287 @@
+"""The cost model (gatedprune.costs): FLOPs against torch's counter, the latency fit against an injected fake timer
+(never real timings), its cache and tables, and the gates' expected cost against the cost of the pruned model."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+
+import pytest
+import torch
+import transformers
+
+from families import FAMILY_CONFIGS
+from gatedprune.costs import latency, table
+from gatedprune.costs.build import latency_cost
+from gatedprune.costs.flops import count_flops, flops_cost
+from gatedprune.costs.linear import LinearCost, StructureCosts
+from gatedprune.costs.workload import Workload
+from gatedprune.methods.budget import CostBudget
+from gatedprune.methods.gated import L0Budget
+from gatedprune.structures.adapters import probe
+from gatedprune.structures.head_gates import attach_gates
+from gatedprune.structures.kinds import ALL_KINDS, LAYER_KINDS
+from gatedprune.structures.sites import structure_sites
+from gatedprune.surgery.cut import prune_heads
+
+WORKLOAD = Workload(source_tokens=7, target_tokens=5, batch=2, repeats=1)
+# what the fake timer charges: seconds per structure of each kind, and per call
+TRUE = {"encoder": 3e-4, "decoder": 5e-4, "cross": 4e-4, "encoder_ffn": 2e-5, "decoder_ffn": 3e-5,
+        "encoder_layer": 1e-3, "decoder_layer": 2e-3}
+BASE = 0.01
+
+
+def _mixed_plan(model, drop_decoder=(0,)) -> dict:
+    """Some heads and units of every site, and decoder layers ``drop_decoder`` removed."""
+    plan = {s.path: [i for i in range(s.num_units) if (i + s.layer) % 3]
+            for s in structure_sites(model, [k for k in ALL_KINDS if k not in LAYER_KINDS])}
+    for stack, path in probe(model).layers.items():
+        dropped = drop_decoder if stack == "decoder" else ()
+        plan[path] = [i for i in range(len(model.get_submodule(path))) if i not in dropped]
+    return plan
+
+
+def _generate(workload):
+    def job(model):
+        g = torch.Generator().manual_seed(0)
+        src = torch.randint(3, model.config.vocab_size - 1, (workload.batch, workload.source_tokens), generator=g)
+        with torch.no_grad():
+            model.generate(input_ids=src, attention_mask=torch.ones_like(src), num_beams=workload.num_beams,
+                           do_sample=False, max_new_tokens=workload.target_tokens,
+                           min_new_tokens=workload.target_tokens)
+    return job
+
+
+def _bart_counts(model) -> dict:
+    """Structures of a (possibly pruned) BART-like model, read off its modules by name: the fake timer's own count,
+    independent of gatedprune's site finder."""
+    counts = dict.fromkeys(ALL_KINDS, 0)
+    head_dim = model.config.d_model // model.config.encoder_attention_heads
+    for stack in ("encoder", "decoder"):
+        layers = getattr(model.model, stack).layers
+        counts[f"{stack}_layer"] += len(layers)
+        for layer in layers:
+            counts[stack] += layer.self_attn.q_proj.out_features // head_dim
+            counts[f"{stack}_ffn"] += layer.fc1.out_features
+            if stack == "decoder":
+                counts["cross"] += layer.encoder_attn.q_proj.out_features // head_dim
+    return counts
+
+
+def fake_timer(noise: float = 0.0, seed: int = 0):
+    """A timer that charges BASE + sum_k TRUE[k] n_k seconds, times (1 + noise * u), u uniform in [-1, 1]."""
+    g = torch.Generator().manual_seed(seed)
+    calls = []
+
+    def timer(models, workload):
+        calls.append(len(models))
+        out = []
+        for model in models:
+            n = _bart_counts(model)
+            exact = BASE + sum(TRUE[k] * n[k] for k in TRUE)
+            out.append(exact * (1 + noise * (2 * torch.rand((), generator=g).item() - 1)))
+        return out
+
+    timer.calls = calls
+    return timer
+
+
+@pytest.fixture(scope="module")
+def bart3():
+    """A tiny BART with 3 + 3 layers, 4 heads, FFN width 12."""
+    config = FAMILY_CONFIGS["bart"]()
+    config.encoder_layers = config.decoder_layers = 3
+    config.encoder_ffn_dim = config.decoder_ffn_dim = 12
+    torch.manual_seed(0)
+    return transformers.AutoModelForSeq2SeqLM.from_config(config).eval()
+
+
+# ---- FLOPs --------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", ["mbart", "t5"])
+@pytest.mark.parametrize("beams", [1, 3])
+def test_flops_formula_counts_what_torch_counts_dense_and_pruned(model_of, family, beams):
+    model = model_of(family)
+    workload = Workload(source_tokens=7, target_tokens=5, batch=2, num_beams=beams)
+    cost = flops_cost(model, workload)
+    assert cost.of(model) == count_flops(_generate(workload), model)
+    pruned = prune_heads(copy.deepcopy(model), _mixed_plan(model))
+    assert cost.of(pruned) == count_flops(_generate(workload), pruned)  # the dense model's coefficients price it
+    emptied = {s.path: [] for s in structure_sites(model, ["encoder", "cross"]) if s.layer == 0}
+    pruned = prune_heads(copy.deepcopy(model), emptied)  # attention modules with no head keep a phantom one
+    assert cost.of(pruned) == count_flops(_generate(workload), pruned)
+
+
+def test_flops_of_grouped_query_attention_dense_model(model_of):
+    model = model_of("t5gemma")
+    assert flops_cost(model, WORKLOAD).of(model) == count_flops(_generate(WORKLOAD), model)
+
+
+# ---- the latency fit --------------------------------------------------------------------------------------------
+def test_fit_recovers_the_fake_timers_costs_and_predicts_other_plans(bart3):
+    cost, probes = latency.fit_latency(bart3, WORKLOAD, fake_timer())
+    assert cost.base == pytest.approx(BASE, rel=1e-6)
+    for kind, value in TRUE.items():
+        assert cost.coefficients[kind] == pytest.approx(value, rel=1e-6), kind
+    names = [p["probe"] for p in probes]
+    assert names[0] == "dense" and len(names) == 1 + 2 * len(ALL_KINDS)  # each kind at 0.5 and 0.0
+    pruned = prune_heads(copy.deepcopy(bart3), _mixed_plan(bart3, drop_decoder=(1,)))
+    n = _bart_counts(pruned)
+    assert cost.of(pruned) == pytest.approx(BASE + sum(TRUE[k] * n[k] for k in TRUE), rel=1e-6)
+
+
+def test_fit_under_noise_predicts_within_its_noise(bart3):
+    cost, _ = latency.fit_latency(bart3, WORKLOAD, fake_timer(noise=0.03))
+    pruned = prune_heads(copy.deepcopy(bart3), _mixed_plan(bart3))
+    n = _bart_counts(pruned)
+    assert cost.of(pruned) == pytest.approx(BASE + sum(TRUE[k] * n[k] for k in TRUE), rel=0.06)
+
+
+def test_a_kind_that_costs_nothing_is_held_at_zero_not_negative():
+    rows = [{k: 0 for k in ALL_KINDS} | {"encoder": e, "decoder": d} for e, d in [(8, 8), (4, 8), (0, 8), (8, 4), (8, 0)]]
+    seconds = [1.0 + 0.1 * r["decoder"] - 0.001 * r["encoder"] for r in rows]  # encoder heads "save time": noise
+    base, c = latency.fit(rows, seconds)
+    assert c["encoder"] == 0.0 and c["decoder"] > 0 and base > 0
+    assert all(c[k] == 0.0 for k in ALL_KINDS if k not in ("encoder", "decoder"))  # never varied: in the base
+
+
+def test_probe_plans_shrink_each_kind_and_keep_a_decoder_layer(bart3):
+    plans = dict(latency.probe_plans(bart3, (0.5, 0.0)))
+    layers = probe(bart3).layers
+    assert plans["decoder_layer 1/3"] == {layers["decoder"]: [0]}
+    assert plans["encoder_layer 0/3"] == {layers["encoder"]: []}
+    assert plans["encoder_layer 2/3"] == {layers["encoder"]: [0, 2]}
+    assert all(v == [0, 1] for v in plans["cross 0.5"].values()) and len(plans["cross 0.5"]) == 3
+    assert all(v == list(range(6)) for v in plans["decoder_ffn 0.5"].values())
+
+
+def test_a_timer_that_returns_nonsense_is_refused(bart3):
+    with pytest.raises(ValueError, match="every time must be a positive number"):
+        latency.fit_latency(bart3, WORKLOAD, lambda models, w: [0.0] * len(models))
+
+
+# ---- cache and tables -------------------------------------------------------------------------------------------
+def test_latency_is_cached_beside_the_checkpoint_and_reused(bart3, tmp_path):
+    timer = fake_timer()
+    first, info = latency_cost(bart3, WORKLOAD, [tmp_path], timer)
+    assert info["source"] == "measured" and timer.calls == [15]
+    again, info = latency_cost(bart3, WORKLOAD, [tmp_path / "elsewhere", tmp_path], timer)  # a fork looks further
+    assert info["source"] == "cache" and timer.calls == [15] and again == first
+    _, info = latency_cost(bart3, Workload(**{**WORKLOAD.__dict__, "batch": 4}), [tmp_path], timer)
+    assert info["source"] == "measured" and len(timer.calls) == 2  # another workload: its own fit
+    assert len(list(tmp_path.glob("latency-*.json"))) == 2
+
+
+def test_a_table_from_another_machine_is_used_and_checked(bart3, tmp_path):
+    cost, _ = latency_cost(bart3, WORKLOAD, [tmp_path], fake_timer())
+    (path,) = tmp_path.glob("latency-*.json")
+    data = json.loads(path.read_text())
+    data["key"]["device"] = "the user's server"
+    server = tmp_path / "server.json"
+    server.write_text(json.dumps(data))
+    refused = lambda *a: pytest.fail("a table was given: nothing is timed")  # noqa: E731
+    used, info = latency_cost(bart3, Workload(**{**WORKLOAD.__dict__, "table": str(server)}), [], refused)
+    assert used == cost and info == {"source": "table", "path": str(server), "device": "the user's server"}
+    other = prune_heads(copy.deepcopy(bart3), {probe(bart3).layers["decoder"]: [0, 1]})
+    with pytest.raises(ValueError, match=r"was measured for shapes structures=.*this run has .*allowed: a table"):
+        latency_cost(other, Workload(**{**WORKLOAD.__dict__, "table": str(server)}), [], refused)
+    server.write_text("{}")
+    with pytest.raises(ValueError, match="not a gatedprune latency table"):
+        table.read(server)
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"batch": 0}, r"pruning.workload.batch=0; allowed: an integer >= 1"),
+    ({"runtime": "tensorrt"}, r"pruning.workload.runtime='tensorrt'; allowed: torch, ct2"),
+    ({"probe_fractions": [1.0]}, r"probe_fractions=\[1.0\]; allowed: one or more fractions in \[0, 1\)"),
+    ({"quantization": "int8"}, r"quantization='int8' with runtime torch"),
+    ({"beams": 4}, r"unknown key\(s\) \['beams'\]"),
+])
+def test_bad_workloads_are_refused_in_one_line(bad, match):
+    with pytest.raises(ValueError, match=match):
+        Workload.of(bad)
+
+
+# ---- the gates' expected cost and the budget --------------------------------------------------------------------
+def test_expected_cost_of_fixed_gates_is_the_cost_of_the_pruned_model(bart3):
+    model = copy.deepcopy(bart3)
+    cost = LinearCost("latency", BASE, TRUE)
+    gates = attach_gates(model, ALL_KINDS)
+    try:
+        costs = StructureCosts.of_linear(cost, model, gates)
+        assert costs.total == pytest.approx(BASE + sum(TRUE[k] * n for k, n in _bart_counts(model).items()))
+        plan = _mixed_plan(model, drop_decoder=(2,))
+        gates.fix_(plan)  # log_alpha +-10: P(open) within 1e-4 of 0 or 1
+        expected = costs.total - costs.prunable + costs.expected(gates).item()
+        pruned = prune_heads(copy.deepcopy(bart3), plan)
+        assert expected == pytest.approx(cost.of(pruned), rel=1e-3)
+        # the floor: every gated structure removed but what a decoder must keep is still priced by the base alone
+        assert costs.floor == pytest.approx(BASE / costs.total)
+    finally:
+        gates.remove()
+
+
+@pytest.mark.parametrize("kinds", [ALL_KINDS, ("encoder", "decoder", "cross", "decoder_layer")])
+def test_the_export_rule_keeps_a_plan_within_the_target(bart3, kinds):
+    model = copy.deepcopy(bart3)
+    cost = LinearCost("latency", BASE, TRUE)
+    gates = attach_gates(model, kinds)
+    try:
+        torch.manual_seed(1)
+        for gate in gates.gates:
+            gate.log_alpha.data.uniform_(-3, 3)
+        gates.set_costs("latency", StructureCosts.of_linear(cost, model, gates))
+        budget = CostBudget(gates, "latency", 0.6, warmup_steps=0)
+        plan = gates.plan("latency", budget.kept_allowed)
+        pruned = prune_heads(copy.deepcopy(bart3), plan)
+        assert cost.of(pruned) <= 0.6 * cost.of(bart3) + 1e-12
+        # nothing more fits: each structure left out would cost more than what is left of the budget
+        left = 0.6 * cost.of(bart3) - cost.of(pruned)
+        assert left < max(TRUE[k] for k in kinds) + max(TRUE[k] for k in ALL_KINDS if k not in kinds or k in LAYER_KINDS)
+        budget(1).backward()  # differentiable in the gates
+        assert all(g.log_alpha.grad is not None for g in gates.gates)
+    finally:
+        gates.remove()
+
+
+def test_a_latency_target_below_the_floor_is_refused_with_the_floor(bart3):
+    model = copy.deepcopy(bart3)
+    gates = attach_gates(model, ("encoder", "decoder", "cross"))
+    try:
+        gates.set_costs("latency", StructureCosts.of_linear(LinearCost("latency", BASE, TRUE), model, gates))
+        floor = gates.costs["latency"].floor
+        with pytest.raises(ValueError, match=r"pruning.target_latency=0.01 is below what removing every gated "
+                                             r"structure reaches \(([0-9.]+) of the dense model's predicted "
+                                             r"latency\); allowed: a fraction in \[\1, 1\)") as refused:
+            CostBudget(gates, "latency", 0.01, warmup_steps=0)
+        shown = float(re.search(r"\(([0-9.]+) of", str(refused.value)).group(1))
+        assert floor <= shown < floor + 1e-4  # rounded up: the value shown is allowed
+        CostBudget(gates, "latency", shown, warmup_steps=0)
+    finally:
+        gates.remove()
+
+
+def test_one_target_per_run(bart3):
+    with pytest.raises(ValueError, match=r"pruning.target_heads=3 and pruning.target_latency=0.5: a budget takes one"):
+        L0Budget(target_heads=3, target_latency=0.5)
+    with pytest.raises(ValueError, match=r"pruning.target_flops=1.5; allowed: a fraction in \(0, 1\)"):
+        L0Budget(target_flops=1.5)
+    assert L0Budget(target_flops=0.5).cost_unit == "flops" and L0Budget().target_heads == 0.5
+
+
+def test_gatedprune_latency_writes_a_table_a_run_elsewhere_takes(bart3, tmp_path, monkeypatch, capsys):
+    from gatedprune.cli import latency_command
+    from gatedprune.costs import timers
+
+    bart3.save_pretrained(tmp_path / "model")
+    monkeypatch.setitem(timers.TIMERS, "torch", fake_timer())  # the server's clock, here a fake one
+    out = tmp_path / "server" / "table.json"
+    args = [str(tmp_path / "model"), str(out), "--source-tokens", "7", "--target-tokens", "5", "--batch", "2",
+            "--repeats", "1"]
+    assert latency_command(args) == 0 and f"wrote {out}" in capsys.readouterr().out
+    refused = lambda *a: pytest.fail("a table was given: nothing is timed")  # noqa: E731
+    cost, info = latency_cost(bart3, Workload(**{**WORKLOAD.__dict__, "table": str(out)}), [], refused)
+    assert info["source"] == "table" and cost.coefficients["decoder_layer"] == pytest.approx(TRUE["decoder_layer"])
+    assert latency_command([str(tmp_path / "model"), str(tmp_path / "bad.json"), "--num-beams", "0"]) == 2
+    assert "error: --num-beams=0; allowed: an integer >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "bad.json").exists()

@@ -1,0 +1,86 @@
+"""train.py with a cost target: a latency budget is measured at set-up, cached beside the checkpoint, met by the
+export (predicted), reported; a FLOPs budget is met as torch's own counter counts it; targets below the floor are
+refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+
+from helpers import error_line, run_train
+from gatedprune import load_pruned
+from gatedprune.costs.flops import count_flops
+from gatedprune.costs.table import read
+from gatedprune.structures.kinds import ALL_KINDS
+
+EVERY_KIND = f"pruning.kinds=[{','.join(ALL_KINDS)}]"
+SMALL = ("pruning.workload.source_tokens=6", "pruning.workload.target_tokens=4", "pruning.workload.repeats=1")
+
+
+def _count(model) -> dict:
+    """Structures of the smoke model (mBART) by module name: independent of gatedprune's site finder."""
+    counts = dict.fromkeys(ALL_KINDS, 0)
+    head_dim = model.config.d_model // model.config.encoder_attention_heads
+    for stack in ("encoder", "decoder"):
+        layers = getattr(model.model, stack).layers
+        counts[f"{stack}_layer"] += len(layers)
+        for layer in layers:
+            counts[stack] += layer.self_attn.q_proj.out_features // head_dim
+            counts[f"{stack}_ffn"] += layer.fc1.out_features
+            if stack == "decoder":
+                counts["cross"] += layer.encoder_attn.q_proj.out_features // head_dim
+    return counts
+
+
+def test_a_latency_target_is_measured_cached_and_met(tmp_path):
+    run = tmp_path / "run"
+    proc = run_train(run, "pruning=l0_budget", "pruning.target_latency=0.9", EVERY_KIND, *SMALL,
+                     "pruning.target_warmup_steps=5")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (cached,) = (run / "checkpoints").glob("latency-*.json")
+    key, cost = read(cached)
+    assert key["workload"]["target_tokens"] == 4 and key["shapes"]["model_type"] == "mbart"
+    report = json.loads((run / "pruned" / "export_report.json").read_text())
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["target_latency"] == 0.9
+    # the fit's prediction, recomputed here from the cached coefficients and the structures the export kept
+    price = lambda n: cost.base + sum(cost.coefficients[k] * n[k] for k in ALL_KINDS)  # noqa: E731
+    dense = {"encoder": 8, "decoder": 8, "cross": 8, "encoder_ffn": 128, "decoder_ffn": 128, "encoder_layer": 2,
+             "decoder_layer": 2}  # conf/experiment/smoke.yaml: 2 + 2 layers, 4 heads, FFN 64
+    kept = price(_count(load_pruned(run / "pruned"))) / price(dense)
+    assert report["predicted"]["latency"] == pytest.approx(kept) and kept <= 0.9
+    assert report["predicted"]["speed_up"] == pytest.approx(1 / kept)
+
+
+def test_a_flops_target_is_met_as_torch_counts_flops(tmp_path):
+    run = tmp_path / "run"
+    proc = run_train(run, "pruning=l0_budget", "pruning.target_flops=0.5", EVERY_KIND, *SMALL,
+                     "pruning.target_warmup_steps=5")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pruned = load_pruned(run / "pruned").eval()
+    src = torch.randint(3, pruned.config.vocab_size - 1, (1, 6))
+
+    def job(model):
+        with torch.no_grad():
+            model.generate(input_ids=src, attention_mask=torch.ones_like(src), max_new_tokens=4, min_new_tokens=4,
+                           num_beams=1, do_sample=False)
+
+    # the dense smoke model (conf/experiment/smoke.yaml: 2 + 2 layers, 4 heads, FFN 64), built here from its numbers
+    config = {k: v for k, v in json.loads((run / "pruned" / "config.json").read_text()).items()
+              if k not in ("gatedprune", "auto_map", "architectures")}
+    config.update(encoder_layers=2, decoder_layers=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                  encoder_attention_heads=4, decoder_attention_heads=4)
+    dense = transformers.MBartForConditionalGeneration(transformers.MBartConfig(**config)).eval()
+    assert count_flops(job, pruned) <= 0.5 * count_flops(job, dense)
+    assert json.loads((run / "pruned" / "export_report.json").read_text())["predicted"]["flops"] <= 0.5
+
+
+@pytest.mark.parametrize("target", ["target_latency", "target_flops"])
+def test_a_cost_target_below_the_floor_is_refused_in_one_line(tmp_path, target):
+    proc = run_train(tmp_path / "run", "pruning=l0_budget", f"pruning.{target}=0.01", "pruning.kinds=[encoder]", *SMALL)
+    assert proc.returncode == 2
+    assert f"pruning.{target}=0.01 is below what removing every gated structure reaches" in error_line(proc)
+    assert not (tmp_path / "run").exists()
