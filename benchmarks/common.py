@@ -9,16 +9,15 @@ import os
 import platform
 import random
 import re
-import statistics
 import subprocess
 import time
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 import transformers
 from omegaconf import OmegaConf
 
+from gatedprune.reports.speed import Timing, alternate  # noqa: F401  (the scripts time with the run's own)
 from gatedprune.structures.adapters import ATTENTION_KINDS, attention_sites
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,28 +95,6 @@ def seconds(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
-
-
-class Timing(NamedTuple):
-    wall: float  # seconds on the clock: what a user waits
-    cpu: float  # seconds of CPU this process used: barely moved by other processes on a shared machine (1 thread)
-
-
-def alternate(job, models: list, repeats: int, warm_up=None) -> list[Timing]:
-    """Median wall and CPU seconds of ``job(model)`` per model, timed in turn (a, b, a, b, ...) after a warm-up.
-
-    Alternating spreads the load of a shared machine over all models alike, so their ratio is fair. ``warm_up``
-    (default: ``job``) is called once per model first; it may measure something else on the way (FLOPs).
-    """
-    for model in models:
-        (warm_up or job)(model)
-    times = [[] for _ in models]
-    for _ in range(repeats):
-        for model, t in zip(models, times):
-            wall, cpu = time.perf_counter(), time.process_time()
-            job(model)
-            t.append(Timing(time.perf_counter() - wall, time.process_time() - cpu))
-    return [Timing(statistics.median(x.wall for x in t), statistics.median(x.cpu for x in t)) for t in times]
 
 
 def machine() -> str:

@@ -184,3 +184,19 @@ def test_quality_plot_draws_each_protocol_measured_at_two_or_more_head_counts(tm
         "+quality=finetune (fine-tuned 100 steps)": [(7, 9.5 - 12.0, 0.0), (28, 11.5 - 12.0, 0.0)],
     }
     assert (tmp_path / "gaps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cost_model_quick_writes_its_page_from_its_own_numbers(tmp_path):
+    bench = _load("cost_model")
+    assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "cost_model.md").read_text()
+    assert f"`.venv/bin/python benchmarks/cost_model.py --quick --out {tmp_path}`" in text
+    (result,) = json.loads((tmp_path / "cost_model.json").read_text())["results"]
+    dense = result["dense"]
+    assert len(result["plans"]) == 6 and len(result["probes"]) == 15
+    for plan in result["plans"]:  # every number on the page follows from the two timings and the fit
+        assert plan["time_error"] == pytest.approx(plan["predicted_s"] / plan["measured_s"] - 1)
+        assert plan["measured_speed_up"] == pytest.approx(dense["measured_s"] / plan["measured_s"])
+        assert plan["predicted_speed_up"] == pytest.approx(dense["predicted_s"] / plan["predicted_s"])
+        assert f"| {plan['plan']} |" in text
+    assert all(value >= 0 for value in result["coefficients"].values())

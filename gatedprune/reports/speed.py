@@ -1,0 +1,161 @@
+"""The measured speed-up of a pruned model over its dense model: greedy ``generate()``, timed side by side.
+
+Timings on a shared machine are only fair as ratios of models timed in turn in one process (``alternate``); CPU time
+(``time.process_time``, one thread) stands beside wall time because other processes barely move it. What a run
+reports (``report.*`` in conf/train.yaml, ``SpeedOptions``): per batch size, the median milliseconds of one
+``generate()`` call of each model and their ratio, plus both models' parameters and safetensors bytes.
+The benchmark scripts (benchmarks/common.py) time with the same ``Timing`` and ``alternate``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from gatedprune.utils import check_numbers
+
+
+class Timing(NamedTuple):
+    wall: float  # seconds on the clock: what a user waits
+    cpu: float  # seconds of CPU this process used: barely moved by other processes on a shared machine (1 thread)
+
+
+def now() -> Timing:
+    """The real clock: wall and CPU seconds since some fixed point (only differences mean anything)."""
+    return Timing(time.perf_counter(), time.process_time())
+
+
+def alternate(job, models: list, repeats: int, warm_up=None, *, timer: Callable[[], Timing] | None = None
+              ) -> list[Timing]:
+    """Median wall and CPU seconds of ``job(model)`` per model, timed in turn (a, b, a, b, ...) after a warm-up.
+
+    Alternating spreads the load of a shared machine over all models alike, so their ratio is fair. ``warm_up``
+    (default: ``job``) is called once per model first; it may measure something else on the way (FLOPs).
+    ``timer`` (default ``now``) reads the clock; a test gives a fake one.
+    """
+    timer = timer or now
+    for model in models:
+        (warm_up or job)(model)
+    times = [[] for _ in models]
+    for _ in range(repeats):
+        for model, t in zip(models, times):
+            start = timer()
+            job(model)
+            end = timer()
+            t.append(Timing(end.wall - start.wall, end.cpu - start.cpu))
+    return [Timing(statistics.median(x.wall for x in t), statistics.median(x.cpu for x in t)) for t in times]
+
+
+@dataclass
+class SpeedOptions:
+    """``report.*``: whether and how a run measures the speed-up of the model it ships."""
+
+    speed: bool = True  # off in experiment=smoke and the tests: it times real generation
+    batches: tuple = (1, 32)  # sentences per generate() call, one measurement each
+    source_tokens: int = 32  # random source ids per sentence
+    new_tokens: int = 32  # generated per sentence, exactly (EOS held off until then)
+    repeats: int = 3  # timed calls per model and batch size (median), after one warm-up call each
+
+    def __post_init__(self) -> None:
+        check_numbers("report", self)  # nan, inf, strings
+        if not isinstance(self.speed, bool):
+            raise ValueError(f"report.speed={self.speed!r}; allowed: true or false")
+        self.batches = tuple(self.batches) if isinstance(self.batches, (list, tuple)) else (self.batches,)
+        if not self.batches or not all(_whole(b) and b >= 1 for b in self.batches):
+            raise ValueError(f"report.batches={list(self.batches)}; allowed: a list of whole numbers >= 1, "
+                             "e.g. [1, 32]")
+        if len(set(self.batches)) < len(self.batches):
+            raise ValueError(f"report.batches={list(self.batches)} repeats a batch size; allowed: each at most once")
+        for name in ("source_tokens", "new_tokens", "repeats"):
+            value = getattr(self, name)
+            if not (_whole(value) and value >= 1):
+                raise ValueError(f"report.{name}={value}; allowed: a whole number >= 1")
+
+    def check_model(self, model) -> None:
+        """The workload fits the model's positions (refused before training, not after it)."""
+        positions = getattr(model.config, "max_position_embeddings", None)  # None: relative positions (T5)
+        if not self.speed or positions is None:
+            return
+        for name, length in (("source_tokens", self.source_tokens), ("new_tokens", self.new_tokens + 1)):
+            if length > positions:  # the decoder also holds its start token
+                raise ValueError(f"report.{name}={getattr(self, name)} is longer than the model's "
+                                 f"{positions} positions; allowed: at most {positions - (name == 'new_tokens')}")
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def speed_options(node: DictConfig | dict | None) -> SpeedOptions:
+    """``report.*`` as ``SpeedOptions``; a config written before the node existed (None) gets the defaults."""
+    if node is None:
+        values = {}
+    else:
+        values = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+    allowed = [field.name for field in dataclasses.fields(SpeedOptions)]
+    for key in values:
+        if key not in allowed:
+            raise ValueError(f"report.{key}: no such option; allowed: {', '.join(allowed)}")
+    return SpeedOptions(**values)
+
+
+def greedy_job(model, batch: int, source_tokens: int, new_tokens: int):
+    """``job(m)``: greedy ``m.generate()`` of ``batch`` random sources of ``source_tokens`` ids (drawn for
+    ``model``'s vocabulary, seeded: every model sees the same), exactly ``new_tokens`` new tokens each."""
+    g = torch.Generator().manual_seed(0)
+    high = max(model.config.vocab_size - 1, 4)  # ids 0-2 and the last are special in most families: avoided
+    ids = torch.randint(3, high, (batch, source_tokens), generator=g)  # (B, S)
+    mask = torch.ones_like(ids)
+
+    @torch.no_grad()
+    def job(m):
+        # min = max: an untrained or pruned model that would stop early does the same work as the other
+        return m.generate(input_ids=ids, attention_mask=mask, num_beams=1, do_sample=False,
+                          max_new_tokens=new_tokens, min_new_tokens=new_tokens)  # (B, 1 + new_tokens)
+
+    return job
+
+
+def _ratio(dense: float, pruned: float) -> float | None:
+    return dense / pruned if pruned > 0 else None  # a clock too coarse to see the call: no ratio, not infinity
+
+
+def safetensors_bytes(model) -> int:
+    """Bytes of the safetensors weights ``save_pretrained`` writes for ``model`` (what the export directory holds)."""
+    with tempfile.TemporaryDirectory(prefix="gatedprune-size-") as tmp:
+        model.save_pretrained(tmp)
+        return sum(f.stat().st_size for f in Path(tmp).glob("*.safetensors"))
+
+
+def measure_speed(dense, pruned, options: SpeedOptions, *, timer: Callable[[], Timing] | None = None) -> dict:
+    """Speed-up of ``pruned`` over ``dense`` (both on the CPU, float32, as the run ships them) for each of
+    ``options.batches``: ``{"workload", "batches": {str(batch): {"dense_ms", "pruned_ms", "speed_up",
+    "dense_cpu_ms", "pruned_cpu_ms", "cpu_speed_up"}}, "params", "file_bytes"}``; ``*_ms`` are medians of one
+    ``generate()`` call of the whole batch, ``speed_up`` = dense / pruned (wall), ``cpu_speed_up`` (CPU time)."""
+    batches = {}
+    for batch in options.batches:
+        job = greedy_job(dense, batch, options.source_tokens, options.new_tokens)
+        dense_t, pruned_t = alternate(job, [dense, pruned], options.repeats, timer=timer)
+        batches[str(batch)] = {  # JSON keys are strings
+            "dense_ms": 1e3 * dense_t.wall, "pruned_ms": 1e3 * pruned_t.wall,
+            "speed_up": _ratio(dense_t.wall, pruned_t.wall),
+            "dense_cpu_ms": 1e3 * dense_t.cpu, "pruned_cpu_ms": 1e3 * pruned_t.cpu,
+            "cpu_speed_up": _ratio(dense_t.cpu, pruned_t.cpu),
+        }
+    return {
+        "workload": {"decoding": "greedy generate()", "source_tokens": options.source_tokens,
+                     "new_tokens": options.new_tokens, "repeats": options.repeats, "device": "cpu",
+                     "dtype": "float32", "threads": torch.get_num_threads()},
+        "batches": batches,
+        "params": {name: sum(p.numel() for p in m.parameters()) for name, m in (("dense", dense), ("pruned", pruned))},
+        "file_bytes": {"dense": safetensors_bytes(dense), "pruned": safetensors_bytes(pruned)},
+    }
