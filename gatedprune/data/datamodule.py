@@ -95,6 +95,7 @@ class TranslationDataModule(lightning.LightningDataModule):
         # (epoch, training batches of it already used) where a resumed run picks up; Lightning draws the first
         # batch before it calls set_epoch, so the sampler must know the epoch from the start
         self._resume_at = (0, 0)
+        self._references = None  # the references' dataset and batches while other targets train (set_train_targets)
 
     def read_splits(self) -> dict[str, list[Pair]]:
         """(source, target) strings per split, as the source has them: each source says how."""
@@ -217,6 +218,25 @@ class TranslationDataModule(lightning.LightningDataModule):
                 size = self.eval_batch_size
                 self.batches[split] = [order[i : i + size] for i in range(0, len(order), size)]
             self.datasets[split] = TokenizedPairs(pairs, src_ids, tgt_ids)
+
+    def set_train_targets(self, texts: list[str] | None) -> None:
+        """Train on ``texts`` instead of the references (one per training pair, in order: sequence-level
+        distillation's translations of the sources), tokenised as references are, cut to ``max_length``, and batched
+        to the token budget anew; ``None`` puts the references back. Validation and test keep theirs."""
+        if self._references is not None:
+            self.datasets["train"], self.batches["train"] = self._references
+            self._references = None
+        if texts is None:
+            return
+        dataset = self.datasets["train"]
+        if len(texts) != len(dataset):
+            raise ValueError(f"{len(texts)} training targets for {len(dataset)} training pairs; allowed: one per pair")
+        tgt_ids = self.tokenizer(text_target=list(texts), truncation=True, max_length=self.max_length)["input_ids"]
+        pairs = [(src, text) for (src, _), text in zip(dataset.pairs, texts)]
+        self._references = (dataset, self.batches["train"])
+        self.datasets["train"] = TokenizedPairs(pairs, dataset.src_ids, tgt_ids)
+        lengths = [max(len(s), len(t)) for s, t in zip(dataset.src_ids, tgt_ids)]
+        self.batches["train"] = token_budget_batches(lengths, self.max_tokens)
 
     def loader(self, split: str, batch_size: int | None = None, shard: bool = True) -> DataLoader:
         """The batches of ``split``; evaluation splits in ``batch_size`` sentences (default ``eval_batch_size``).

@@ -43,6 +43,9 @@ class Method:
     distill: DistillOptions = field(default_factory=DistillOptions)
     uniform_heads: bool = False  # every layer of an attention kind keeps the same number of heads
     uniform_ffn: bool = False  # every layer of a stack keeps the same feed-forward width
+    # not an option: set by check_outputs when the fine-tune trains on the dense model's translations
+    # (finetune.targets), so a gated run keeps a frozen copy of its dense weights even if nothing distils
+    keeps_dense = False
 
     def __post_init__(self) -> None:
         check_numbers("pruning", self)
@@ -58,10 +61,12 @@ class Method:
                 raise ValueError(f"pruning.{option}={shown}: pruning={self.name} does not shape its plans per layer; "
                                  "allowed: false (the gated methods, pruning=l0 and pruning=l0_budget, take it)")
         layers = [k for k in self.kinds if k in LAYER_KINDS]
-        if self.distill.hidden > 0 and layers:
+        if self.distill.hidden > 0 and layers and self.distill.layer_map == "same":
             raise ValueError(f"pruning.distill.hidden={self.distill.hidden} with layer kinds {layers}: layer "
-                             "distillation needs a map from teacher to kept student layers, which gatedprune does not "
-                             "have yet; allowed: pruning.distill.hidden=0 (output distillation, alpha, works)")
+                             "distillation needs a map from teacher to kept student layers, and "
+                             "pruning.distill.layer_map=same matches layer i to layer i; allowed: "
+                             "pruning.distill.layer_map=nearest (CoFiPruning's learned map), or "
+                             "pruning.distill.hidden=0")
 
     # ---- set-up checks, in the order train.py calls them --------------------------------------------------------
     def check_schedule(self, max_steps: int | None) -> None:
@@ -71,7 +76,8 @@ class Method:
         """Refuse what the run would ship that cannot work; returns the fine-tuning settings that apply.
 
         ``export``: ``ExportConfig``; ``tuning``: ``FineTuneConfig``. Shared by every method: fine-tuning with the
-        teacher needs distillation settings, and a run that exports nothing fine-tunes nothing.
+        teacher needs distillation settings, and a run that exports nothing fine-tunes nothing. A fine-tune on the
+        dense model's translations (``finetune.targets``) has the dense weights kept (``keeps_dense``).
         """
         if tuning.distill and not self.distill.on:
             raise ValueError("finetune.distill=true needs a teacher: set pruning.distill.alpha or pruning.distill.hidden "
@@ -84,6 +90,7 @@ class Method:
             print(f"note: export.enabled=false: nothing is exported, so nothing is fine-tuned (finetune.steps="
                   f"{tuning.steps} does not apply)")
             tuning = dataclasses.replace(tuning, steps=0)
+        self.keeps_dense = bool(tuning.steps) and tuning.targets != "labels"
         return tuning
 
     def check_export(self, export) -> None:

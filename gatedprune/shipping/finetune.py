@@ -3,7 +3,10 @@
 The gated model learned with gate noise; the model that is shipped never did. A short fine-tuning of the exported
 model (Xia et al. 2022 fine-tune their pruned model the same way) lets the remaining heads take over from the ones
 that went. It applies to whatever produced the plan, so every method can be compared with the same budget.
-Optionally the dense model stays the teacher (``finetune.distill``, with the gated phase's ``pruning.distill``).
+Optionally the dense model stays the teacher (``finetune.distill``, with the gated phase's ``pruning.distill``; its
+``layer_map=nearest`` maps the teacher's layers to the fewer the export kept, through maps of this fine-tune's own,
+started at the identity and never saved with the model), and the targets can be the dense model's greedy
+translations instead of the references (``finetune.targets=dense_greedy``: ``gatedprune.training.seq_distill``).
 
 It has the gated phase's guards: a step with a non-finite loss or gradient is skipped and counted, ``optim.max_bad_steps``
 of them in a row stop it (``FloatingPointError``), and weights that are not finite are never saved. On SIGTERM it saves
@@ -22,6 +25,8 @@ from torch import nn
 
 from gatedprune.training.guards import BadSteps, zero_non_finite_gradients
 from gatedprune.training.distill import DistillOptions, distilled_loss
+from gatedprune.training.layer_map import LayerMaps
+from gatedprune.training.seq_distill import TARGETS, sequence_targets
 from gatedprune.reports.scoring import token_cross_entropy
 from gatedprune.utils import check_numbers
 
@@ -33,12 +38,16 @@ class FineTuneConfig:
     steps: int = 100
     lr: float = 1e-4  # constant: the model is trained already, this only lets the kept heads adjust
     distill: bool = False  # keep distilling from the dense model (needs pruning.distill.alpha or .hidden > 0)
+    targets: str = "labels"  # labels: the references; dense_greedy: the dense model's greedy translations
     out_dir: str = "pruned_finetuned"
+    cache_dir: str = "cache"  # where dense_greedy's translations are cached (seqkd-<key>.jsonl)
 
     def __post_init__(self) -> None:
         check_numbers("finetune", self)
         if self.steps < 0 or not self.lr > 0:
             raise ValueError(f"finetune.steps={self.steps}, finetune.lr={self.lr}; allowed: steps >= 0, lr > 0")
+        if self.targets not in TARGETS:
+            raise ValueError(f"finetune.targets={self.targets!r}; allowed: {', '.join(TARGETS)}")
 
 
 class PrunedFineTuning(L.LightningModule):
@@ -54,12 +63,15 @@ class PrunedFineTuning(L.LightningModule):
         super().__init__()
         self.model, self.config, self.label_smoothing = model, config, label_smoothing
         self.teacher, self.distill = teacher, distill
+        # the teacher's layers to the student's (pruning.distill.layer_map=nearest): trained here, not exported
+        self.layer_maps = LayerMaps.for_model(teacher) if teacher is not None and distill.maps_layers else None
         self.seed, self.identity = seed, identity or {}
         self.bad_steps = BadSteps(max_bad_steps, "fine-tuning step")
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor | None:
         if self.teacher is not None:
-            ce, loss, _ = distilled_loss(self.model, self.teacher, batch, self.distill, self.label_smoothing)
+            ce, loss, _ = distilled_loss(self.model, self.teacher, batch, self.distill, self.label_smoothing,
+                                         self.layer_maps)
         else:
             loss = ce = token_cross_entropy(self.model, batch, self.label_smoothing)
         self.log("finetune/ce", ce, prog_bar=True, batch_size=int((batch["labels"] != -100).sum()))
@@ -79,7 +91,7 @@ class PrunedFineTuning(L.LightningModule):
         torch.manual_seed(self.seed * 1_000_003 + 2**41 + self.global_step)
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        finite = zero_non_finite_gradients(self.model.parameters(), optimizer)  # None: a non-finite loss, counted
+        finite = zero_non_finite_gradients(self.parameters(), optimizer)  # None: a non-finite loss, counted
         if finite is False:
             self._skip_step("a gradient is not finite")
         elif finite:
@@ -102,7 +114,8 @@ class PrunedFineTuning(L.LightningModule):
         self.bad_steps.in_a_row = checkpoint.get("bad_in_a_row", 0)
 
     def configure_optimizers(self):
-        return torch.optim.AdamW(self.model.parameters(), lr=self.config.lr, weight_decay=0.0)
+        maps = list(self.layer_maps.parameters()) if self.layer_maps is not None else []
+        return torch.optim.AdamW(list(self.model.parameters()) + maps, lr=self.config.lr, weight_decay=0.0)
 
 
 def check_finite(model: nn.Module, when: str) -> None:
@@ -157,9 +170,14 @@ def resume_point(path: Path, identity: dict) -> Path | None:
 
 def finetune(model: nn.Module, datamodule, config: FineTuneConfig, trainer: L.Trainer, label_smoothing: float,
              teacher: nn.Module | None = None, distill: DistillOptions | None = None, *, max_bad_steps: int = 10,
-             seed: int = 0, identity: dict | None = None, resume: Path | None = None) -> nn.Module:
+             seed: int = 0, identity: dict | None = None, resume: Path | None = None,
+             dense: nn.Module | None = None) -> nn.Module:
     """Train ``model`` (pruned, ungated) for ``config.steps`` steps on the training split (from the checkpoint
     ``resume``, if given); returns it in eval mode.
+
+    ``finetune.targets=dense_greedy`` trains on ``dense``'s greedy translations of the training sources (default:
+    the teacher, which is the dense model), made on ``model``'s device or read from ``config.cache_dir``; the
+    references are back in ``datamodule`` afterwards.
 
     ``FloatingPointError`` if it diverged: ``max_bad_steps`` bad steps in a row, or the last step bad (the weights
     then give no finite loss); the caller checks the weights (``check_finite``) before it saves them.
@@ -168,12 +186,20 @@ def finetune(model: nn.Module, datamodule, config: FineTuneConfig, trainer: L.Tr
     datamodule.load_state_dict({})  # from the first batch of an epoch, whatever the gated run had reached
     module = PrunedFineTuning(model.train(), config, label_smoothing, teacher, distill, max_bad_steps=max_bad_steps,
                               seed=seed, identity=identity)
+    if config.targets == "dense_greedy":
+        dense = dense if dense is not None else teacher
+        if dense is None:
+            raise ValueError("finetune.targets=dense_greedy needs the dense model; none was given to the fine-tune")
+        device = next(model.parameters()).device
+        datamodule.set_train_targets(sequence_targets(dense, datamodule, config.cache_dir, device))
     try:
         # weights_only: Lightning unpickles only tensors and plain data, so a checkpoint cannot run code on resume
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
     except SIGTERMException:
         saved = [c.message for c in trainer.callbacks if isinstance(c, FineTuneCheckpoint) and c.message]
         raise SIGTERMException(saved[0] if saved else "SIGTERM during fine-tuning; nothing was saved") from None
+    finally:
+        datamodule.set_train_targets(None)  # validation never read them; what runs next trains on the references
     if module.bad_steps.in_a_row:
         raise FloatingPointError(
             f"fine-tuning: its last {module.bad_steps.in_a_row} step(s) had a non-finite loss or gradient, so the weights it "

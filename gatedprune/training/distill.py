@@ -7,9 +7,13 @@ beta the hidden-state weight,
     task loss = (1 - alpha) * CE(student, labels) + alpha * T^2 * KL(p_teacher^T || p_student^T) + beta * MSE_hidden
 
 per target token, where p^T = softmax(logits / T); T^2 keeps the gradient scale independent of T (Hinton et al.).
-MSE_hidden is CoFiPruning's layer distillation for a student that keeps every layer and the model width (heads go,
-layers and hidden size stay): each encoder and decoder layer's output is matched to the same layer of the teacher
-with no learned map, as the mean squared error per element over real tokens, averaged over the layers.
+MSE_hidden is CoFiPruning's layer distillation, by ``layer_map``:
+- ``same`` (the default): for a student that keeps every layer and the model width (heads and feed-forward units go,
+  layers and hidden size stay): each encoder and decoder layer's output is matched to the same layer of the teacher
+  with no learned map, as the mean squared error per element over real tokens, averaged over the layers;
+- ``nearest``: for a student that may lose layers (the layer kinds, or an export without some): each teacher layer
+  matched to the closest student layer through a learned map, summed over teacher layers
+  (``gatedprune.training.layer_map``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gatedprune.reports.scoring import cross_entropy, teacher_forced_inputs
+from gatedprune.training.layer_map import LAYER_MAPS, LayerMaps, mapped_layer_distillation
 from gatedprune.utils import check_numbers
 
 
@@ -33,6 +38,7 @@ class DistillOptions:
     alpha: float = 0.0  # weight of the output distillation term; 1 - alpha weighs the cross-entropy on the labels
     temperature: float = 2.0  # CoFiPruning's
     hidden: float = 0.0  # weight of the hidden-state term (beta above), added to the rest
+    layer_map: str = "same"  # which student layer each teacher layer is matched to: same (i to i) or nearest
 
     def __post_init__(self) -> None:
         check_numbers("pruning.distill", self)
@@ -41,11 +47,18 @@ class DistillOptions:
                 f"pruning.distill alpha={self.alpha}, temperature={self.temperature}, hidden={self.hidden}; allowed: "
                 "0 <= alpha <= 1, temperature > 0, hidden >= 0"
             )
+        if self.layer_map not in LAYER_MAPS:
+            raise ValueError(f"pruning.distill.layer_map={self.layer_map!r}; allowed: {', '.join(LAYER_MAPS)}")
 
     @property
     def on(self) -> bool:
         """A teacher is needed (either term has a weight)."""
         return self.alpha > 0 or self.hidden > 0
+
+    @property
+    def maps_layers(self) -> bool:
+        """The hidden-state term goes through learned layer maps (``LayerMaps``), trained beside the student."""
+        return self.hidden > 0 and self.layer_map == "nearest"
 
 
 def kl_distillation(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -70,15 +83,21 @@ def hidden_distillation(student, teacher, source_mask: torch.Tensor, target_mask
     errors = []
     for side, mask in (("encoder_hidden_states", source_mask), ("decoder_hidden_states", target_mask)):
         keep = mask.bool()
-        for s, t in zip(getattr(student, side)[1:], getattr(teacher, side)[1:]):  # (B, S or T, d) each
+        ours, theirs = getattr(student, side)[1:], getattr(teacher, side)[1:]
+        if len(ours) != len(theirs):  # zip would silently match the first layers only
+            raise ValueError(f"pruning.distill.layer_map=same matches layer i to layer i, and the student has "
+                             f"{len(ours)} {side.split('_')[0]} layers, the teacher {len(theirs)}; allowed: "
+                             "pruning.distill.layer_map=nearest")
+        for s, t in zip(ours, theirs):  # (B, S or T, d) each
             errors.append((s[keep].float() - t[keep].float()).pow(2).mean())
     return torch.stack(errors).mean()
 
 
 def distilled_loss(student: nn.Module, teacher: nn.Module, batch: dict, options: DistillOptions,
-                   label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor, dict]:
+                   label_smoothing: float, maps: LayerMaps | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """(CE on the labels, the task loss of the module docstring, what to log) from one student and one teacher
-    forward; the teacher runs in eval mode (Lightning's train() reaches it) without gradients."""
+    forward; the teacher runs in eval mode (Lightning's train() reaches it) without gradients. ``maps``: the
+    learned layer maps, needed when ``options.maps_layers``."""
     hidden = options.hidden > 0
     inputs = teacher_forced_inputs(student, batch)
     out = student(**inputs, output_hidden_states=hidden)
@@ -92,7 +111,11 @@ def distilled_loss(student: nn.Module, teacher: nn.Module, batch: dict, options:
         logs["distill"] = kl_distillation(out.logits, reference.logits, batch["labels"], options.temperature)
         loss = (1 - options.alpha) * ce + options.alpha * logs["distill"]
     if hidden:
-        logs["distill_hidden"] = hidden_distillation(out, reference, batch["attention_mask"], batch["labels"] != -100)
+        masks = (batch["attention_mask"], batch["labels"] != -100)
+        if options.maps_layers:
+            logs["distill_hidden"], _ = mapped_layer_distillation(out, reference, maps, *masks)
+        else:
+            logs["distill_hidden"] = hidden_distillation(out, reference, *masks)
         loss = loss + options.hidden * logs["distill_hidden"]
     return ce, loss, logs
 
