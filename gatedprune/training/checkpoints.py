@@ -92,6 +92,19 @@ def load_checkpoint_file(path: str | Path) -> dict:
     return checkpoint
 
 
+def peek_checkpoint(path: str | Path) -> dict:
+    """``{"global_step", "hyper_parameters"}`` of a checkpoint, its tensors left on disk (``mmap``): what a fork's
+    schedule needs, read before the run is composed. A file that does not load that way is loaded whole by
+    ``load_checkpoint_file``, which refuses it in one line if it is truncated or unsafe."""
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # not a zip archive (an old or hand-made file), or broken: the full loader says which
+        saved = load_checkpoint_file(path)
+    return {"global_step": saved.get("global_step"), "hyper_parameters": saved.get("hyper_parameters") or {}}
+
+
 def _refused_pickle(path: str | Path, error: str) -> tuple[str, str] | None:
     """What the weights-only loader refused without naming it, having stopped at an opcode it lacks before any
     class (``pickle.dump``'s protocols, ``torch.save(pickle_protocol=4)``): ("import", the first class or function
@@ -200,15 +213,25 @@ def resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
     _forget_past_a_broken_dense(run_dir / "checkpoints")
     if resume == "auto":
         return own if own.is_file() else None
+    checkpoint = named_checkpoint(resume)
+    if own.is_file() and own.resolve() != checkpoint.resolve():
+        print(f"this run directory has its own {own}: continuing from it rather than from {checkpoint}")
+        return own
+    return checkpoint
+
+
+def named_checkpoint(resume: str | None) -> Path | None:
+    """The checkpoint file ``resume`` names (a run directory: its ``checkpoints/last.ckpt``), whether or not the run
+    goes on from its own last checkpoint instead; None for "auto" and for starting afresh. ``ValueError`` if there
+    is none, or it lies outside a run directory (no ``tokenizer/`` beside it)."""
+    if resume in (None, False, "none", "false", "auto"):
+        return None
     path = Path(resume)
     checkpoint = path / "checkpoints" / "last.ckpt" if path.is_dir() else path
     if not checkpoint.is_file():
         raise ValueError(f"resume={resume!r}: no checkpoint at {checkpoint}; give a run directory or a .ckpt file")
     if not (checkpoint.parents[1] / "tokenizer").is_dir():
         raise ValueError(f"resume={resume!r}: {checkpoint} is not inside a run directory (no tokenizer/ beside it)")
-    if own.is_file() and own.resolve() != checkpoint.resolve():
-        print(f"this run directory has its own {own}: continuing from it rather than from {checkpoint}")
-        return own
     return checkpoint
 
 
