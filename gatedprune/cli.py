@@ -231,11 +231,63 @@ def analyze_command(argv: Sequence[str] | None = None) -> int:
     return run_reported(run)
 
 
+def latency_command(argv: Sequence[str] | None = None) -> int:
+    """``gatedprune-latency MODEL_DIR OUT.json``: the latency fit of a model on this machine, for
+    ``pruning.workload.table`` of a run elsewhere."""
+    import argparse
+    from pathlib import Path
+
+    from gatedprune.costs.workload import Workload
+
+    parser = argparse.ArgumentParser(
+        prog="gatedprune-latency",
+        description="Time a seq2seq model and cut copies of it here (the server it will run on) and write the latency "
+                    "fit a training run elsewhere takes as pruning.workload.table=OUT.json.")
+    parser.add_argument("model_dir", help="a Hugging Face seq2seq directory with the shapes the run prunes")
+    parser.add_argument("out", help="the table to write (.json)")
+    defaults = Workload()
+    for name in ("source_tokens", "target_tokens", "batch", "num_beams", "threads", "repeats"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
+    parser.add_argument("--runtime", default=defaults.runtime, help="torch (generate()) or ct2 (CTranslate2)")
+    parser.add_argument("--device", default=defaults.device, help="cpu or cuda")
+    parser.add_argument("--quantization", default=None, help="ct2 only: the compute type to time (int8, ...)")
+    args = parser.parse_args(argv)
+    set_offline_defaults()
+    quiet_loading()
+
+    def run() -> None:
+        from gatedprune.costs import table
+        from gatedprune.costs.build import unhooked_copy
+        from gatedprune.costs.latency import fit_latency
+        from gatedprune.costs.timers import TIMERS
+        from gatedprune.surgery.model_loading import load_seq2seq
+
+        out = Path(args.out)
+        check_out_file(out, "OUT")
+        import re
+
+        try:
+            workload = Workload(**{k: getattr(args, k) for k in ("source_tokens", "target_tokens", "batch", "num_beams",
+                                                                 "threads", "repeats", "runtime", "device",
+                                                                 "quantization")})
+        except ValueError as err:  # named as this command takes it: --num-beams, not pruning.workload.num_beams
+            raise ValueError(re.sub(r"pruning\.workload\.(\w+)", lambda m: "--" + m[1].replace("_", "-"), str(err)))
+        model = load_seq2seq(args.model_dir).float().eval()
+        key = table.key(model, workload)
+        cost, probes = fit_latency(unhooked_copy(model), workload, TIMERS[workload.runtime])
+        table.save(out, key, cost, probes)
+        print(f"wrote {out}: {1000 * cost.base:.2f} ms per call + per structure "
+              + ", ".join(f"{k} {1000 * v:.4f} ms" for k, v in cost.coefficients.items()) + f" ({key['device']})")
+
+    return run_reported(run)
+
+
 COMMANDS = {"train": train_command, "export": export_command, "sweep": sweep_command, "evaluate": evaluate_command,
-            "analyze": analyze_command}
+            "analyze": analyze_command, "latency": latency_command}
 
 
 if __name__ == "__main__":  # this module holds the commands' entry points; it is no command itself
     print("error: python -m gatedprune.cli is not a command; run python -m gatedprune "
           f"{{{','.join(COMMANDS)}}} [arguments] (or gatedprune-<command>)", file=sys.stderr)
     sys.exit(2)
+

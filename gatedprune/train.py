@@ -21,8 +21,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from gatedprune.errors import BAD_INPUT, in_sweep, one_line
 from gatedprune.methods.base import Method
+from gatedprune.reports.speed import speed_options
 from gatedprune.shipping.export import ExportConfig
-from gatedprune.training import checkpoints, rundir
+from gatedprune.training import checkpoints, rundir, schedule
 from gatedprune.training.checkpoint_io import with_atomic_checkpoints
 from gatedprune.training.csv_logger import ResumableCSVLogger
 from gatedprune.training.session import Session
@@ -44,21 +45,27 @@ def train(cfg: DictConfig) -> dict:
     """Run ``cfg`` to the end; returns the metrics that are also written to ``<output_dir>/metrics.json``
     (under DDP, rank 0 does: the other processes only train, and return {}).
 
-    ``<output_dir>/status.json`` says "running", then "done", "interrupted" or "failed" with the error. Bad input
+    ``<output_dir>/status.json`` says "running", then "done", "interrupted" or "failed" with the error; running and
+    done with the run's ``schedule`` (``gatedprune.training.schedule.settle``: a fork's is its checkpoint's). Bad input
     is refused during set-up, before training starts; a run directory made for this run is then removed (a
     member's of a ``-m`` sweep is kept with its failed status, for the sweep's summary to list).
     """
     run_dir = Path(cfg.paths.output_dir)
     if rank_zero_only.rank > 0:  # a DDP process started by rank 0's trainer.fit: it trains, rank 0 reports
+        schedule.settle(cfg, run_dir)
         session, method = _setup(cfg, run_dir)
         return method.run(session)
     # a directory that held anything of its own is never removed; a sweep member's stays to show its failure
     fresh = rundir.is_fresh(run_dir) and not in_sweep()
     held = rundir.lock(run_dir)  # before anything is written: another process may own this directory
+    steps = {}  # status.json's "schedule" (running, done): where the dense phase ends, the gated steps, the fork
     try:
-        rundir.write_hydra_record(run_dir, cfg)
+        rundir.write_hydra_record(run_dir, cfg)  # the config as composed (a fork's steps follow from its resume=)
         rundir.write_status(run_dir, status="running")
         try:
+            # a fork takes its dense phase and learning-rate schedule from its checkpoint (gatedprune.training.schedule)
+            steps = {"schedule": schedule.settle(cfg, run_dir)}
+            rundir.write_status(run_dir, status="running", **steps)
             session, method = _setup(cfg, run_dir)
         except (*BAD_INPUT, OmegaConfBaseException):
             if fresh:
@@ -76,7 +83,7 @@ def train(cfg: DictConfig) -> dict:
     finally:
         _finish_wandb_run()
         rundir.unlock(held)
-    rundir.write_status(run_dir, status="done")
+    rundir.write_status(run_dir, status="done", **steps)
     return metrics
 
 
@@ -120,6 +127,7 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple[Session, Method]:
     test_generation = _instantiate(cfg.test_generation)
     method.check_schedule(cfg.trainer.get("max_steps"))
     export = _export_config(cfg.export)
+    report = speed_options(cfg.get("report"))  # report.*: what the end of the run measures (its speed-up)
     tuning = method.check_outputs(export, _instantiate(cfg.finetune), run_dir)
     checkpoint = checkpoints.resume_checkpoint(cfg.resume, run_dir)
     if method.needs_trained_model and checkpoint is None and cfg.model.get("name_or_path") is None:
@@ -140,13 +148,17 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple[Session, Method]:
         tokenizer.save_pretrained(run_dir / "tokenizer")
     model = _instantiate(cfg.model, tokenizer=tokenizer)
     export.check_model(model)  # a format that does not cover the family: refused before training
+    report.check_model(model)  # a speed workload longer than the model's positions: likewise
     if checkpoint:  # a model of other shapes would fail deep inside trainer.fit, after the run directory is made
         method.check_checkpoint(checkpoint, saved)
         for field in checkpoints.check_resumable(checkpoint, saved, model, method.checkpoint_kinds(saved)):
             print(f"warning: resuming with a model config field changed: {field}")
         if method.loads_checkpoint_itself:  # trainer.fit reads the file again: free it before the module is built
             saved = None
-    module = _instantiate(cfg.module)(model=model, tokenizer=tokenizer, pruning=method.gating(), optim=optim,
+    gating = method.gating()
+    if checkpoint:  # a fork reuses the cost fits measured for the checkpoint it starts from
+        gating.cost_dirs.append(checkpoint.parent)
+    module = _instantiate(cfg.module)(model=model, tokenizer=tokenizer, pruning=gating, optim=optim,
                                       generation=generation, test_generation=test_generation)
     method.prepare(module, saved)
     del saved

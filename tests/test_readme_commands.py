@@ -16,7 +16,7 @@ from helpers import ROOT, offline_env
 
 TRAIN = ("train.py", "gatedprune-train", "gatedprune.train")
 # also as python -m gatedprune <command> (and python -m gatedprune.<command>)
-TOOLS = ("gatedprune-export", "gatedprune-sweep", "gatedprune-evaluate", "gatedprune-analyze")
+TOOLS = ("gatedprune-export", "gatedprune-sweep", "gatedprune-evaluate", "gatedprune-analyze", "gatedprune-latency")
 TESTED_ELSEWHERE = ("pip ",)  # building and installing the wheel: tests/test_wheel.py
 
 

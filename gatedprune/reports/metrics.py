@@ -9,6 +9,10 @@ run started from) beside that of the final model, decoded the same way.
 ``heads_alive`` counts attention heads only (``{"total", kind...}``); ``kept`` and ``kept_total`` count every kind the
 model has, ``{kind: n}``: heads, FFN units (``encoder_ffn``, ``decoder_ffn``) and layers (``encoder_layer``,
 ``decoder_layer``), a head or unit of a dropped layer counted as removed.
+
+``speed`` is the measured speed-up of the shipped model over the dense model (``gatedprune.reports.speed``), or
+null when ``report.speed`` is off or nothing was exported; ``export.predicted``, where the exporter gives one, is
+the cost model's prediction for ``pruning.workload``.
 """
 
 from __future__ import annotations
@@ -102,14 +106,20 @@ def checkpoint_record(checkpoint: str | Path | None, run_dir: str | Path) -> str
     return path.relative_to(run).as_posix() if run in path.parents else str(path)
 
 
+# a cost budget's unit: (what the note calls the budget, what its target is a fraction of)
+COST_WORDS = {"params": ("parameter", "non-embedding parameters"), "flops": ("FLOPs", "dense model's FLOPs"),
+              "latency": ("latency", "dense model's predicted latency")}
+
+
 def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoint: str, head_budget: int | None,
                 export: dict | None = None, exported: dict | None = None, test: dict | None = None,
-                finetuned: dict | None = None, deploy: dict | None = None) -> dict:
+                finetuned: dict | None = None, deploy: dict | None = None, speed: dict | None = None) -> dict:
     """metrics.json of a finished run.
 
     ``final``: the gated model's last validation (Lightning's logged values); ``export``: the exporter's report;
     ``exported``: the exported model's validation score (after fine-tuning, if ``finetuned`` says it was fine-tuned);
-    ``test``: ``{"dense": score, "pruned" | "gated": score}``; ``checkpoint``: as ``checkpoint_record`` names it.
+    ``test``: ``{"dense": score, "pruned" | "gated": score}``; ``checkpoint``: as ``checkpoint_record`` names it;
+    ``speed``: ``measure_speed``'s result for the shipped model, or None (not measured).
     """
     pruning, gates = module.pruning, module.gates
     gated = module.gates_trained  # False for a run that ended before pruning.start_step: a dense baseline
@@ -145,8 +155,11 @@ def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoin
         **pruning.describe(module.budget),
         **({} if gated else {"l0_lambda": None}),  # a dense baseline: no lambda was applied
         "budget": module.budget.report() if module.budget is not None else None,
+        # where a FLOPs or latency budget's costs came from (gatedprune.costs.build.gate_costs)
+        "costs": getattr(module.pruning, "cost_source", None),
         "distill": {
             "alpha": pruning.distill.alpha, "temperature": pruning.distill.temperature, "hidden": pruning.distill.hidden,
+            "layer_map": pruning.distill.layer_map,
             "teacher_ms_per_step": sum(module.teacher_ms) / len(module.teacher_ms) if module.teacher_ms else None,
         },
         "convergence": {
@@ -167,7 +180,9 @@ def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoin
             "dir": export["dir"], "rule": export["rule"], "heads_kept": export["heads_kept"],
             "units_kept": export.get("units_kept", {}), "layers_kept": export.get("layers_kept", {}),
             "params": export["params_after"], "verification": export["verification"],
+            **({"predicted": export["predicted"]} if export.get("predicted") else {}),  # the cost model's
         }
+    metrics["speed"] = speed
     if finetuned is not None:
         metrics["finetune"] = finetuned
     if getattr(module, "converged", None):  # experiment=converge: where the dense training stopped, and why
@@ -179,7 +194,8 @@ def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoin
 
 
 def final_table(metrics: dict) -> str:
-    """Dense, gated, exported (and fine-tuned) models side by side: BLEU and chrF (validation, test), heads, parameters."""
+    """Dense, gated, exported (and fine-tuned) models side by side: BLEU and chrF (validation, test), heads,
+    parameters; for the shipped model, its file size and speed-up over the dense model (``speed_rows``)."""
     test = metrics["test"]
     columns = {}
     if metrics["method"] == "gated" and metrics["dense"]:
@@ -209,18 +225,20 @@ def final_table(metrics: dict) -> str:
             rows.append((f"{ROW_LABELS[KINDS[kind].structure]}: {KINDS[kind].stack}",
                          *(f"{(c.get('kept') or {}).get(kind, total)} / {total}" for c in columns.values())))
     rows.append(("parameters", *(f"{c['params']:,}" for c in columns.values())))
+    rows += speed_rows(metrics, list(columns))
     table = format_table(["", *columns], rows)
     notes = [f"the top-level numbers of metrics.json describe: {metrics['model']}"]
     if metrics["method"] == "gated":
-        target = (f"target heads {metrics['target_heads']}" if metrics.get("target_params") is None
-                  else f"target params {metrics['target_params']} of the non-embedding parameters")
+        costs = [unit for unit in COST_WORDS if metrics.get(f"target_{unit}") is not None]
+        target = (f"target {costs[0]} {metrics['target_' + costs[0]]} of the {COST_WORDS[costs[0]][1]}" if costs
+                  else f"target heads {metrics['target_heads']}")
         notes.append(f"expected open heads {metrics['expected_open']:.1f}; l0_lambda {metrics['l0_lambda']} "
                      f"({metrics['penalty_normalisation']}); {target}")
     for group, state in (metrics["budget"] or {}).items():
-        if "expected_kept" in state:  # a parameter budget (ParamBudget): fractions of the non-embedding parameters
-            notes.append(f"parameter budget: target {state['target']:.3g} of the non-embedding parameters, expected "
-                         f"kept at the end {state['expected_kept']:.3g}; the export keeps the most open structures "
-                         "that fit the target")
+        if "expected_kept" in state:  # a cost budget (CostBudget): fractions of the dense model's cost
+            name, what = COST_WORDS[group]
+            notes.append(f"{name} budget: target {state['target']:.3g} of the {what}, expected kept at the end "
+                         f"{state['expected_kept']:.3g}; the export keeps the most open structures that fit the target")
         else:
             notes.append(f"head budget ({group}): target {state['target']}, expected open heads at the end "
                          f"{state['expected_open']:.1f}; the export keeps exactly the target (top-k)")
@@ -236,4 +254,45 @@ def final_table(metrics: dict) -> str:
         check = metrics["export"]["verification"]
         notes.append(f"pruned model: {metrics['export']['dir']} (max |logit diff| vs gated "
                      f"{check['max_abs_logit_diff']:.1e}, greedy identical: {check['greedy_identical']})")
+        if metrics.get("speed"):
+            notes.append(speed_note(metrics["speed"]))
     return table + "\n" + "\n".join(notes)
+
+
+def speed_rows(metrics: dict, columns: list[str]) -> list[tuple]:
+    """The final table's speed rows: file size, and the shipped model's (last column) speed-up over the dense model,
+    measured (wall, CPU; one cell per batch size, e.g. "1.52x / 1.61x") and predicted where the cost model gave one.
+    No rows without an export: there is no shipped model to time."""
+    if "export" not in metrics:
+        return []
+    speed, predicted = metrics.get("speed"), metrics["export"].get("predicted")
+
+    def row(label: str, shipped: str, dense: str = "-") -> tuple:
+        first = [dense if name.startswith("dense") else "-" for name in columns[:-1]]
+        return (label, *first, shipped)
+
+    rows = []
+    if speed:
+        sizes = speed["file_bytes"]
+        rows.append(row("safetensors MiB", f"{sizes['pruned'] / 2**20:.2f}", f"{sizes['dense'] / 2**20:.2f}"))
+        batches = speed["batches"]
+        label = " / ".join(batches)
+        for name, key in (("wall", "speed_up"), ("CPU", "cpu_speed_up")):
+            cells = " / ".join("-" if b[key] is None else f"{b[key]:.2f}x" for b in batches.values())
+            rows.append(row(f"speed-up measured, {name} (batch {label})", cells))
+    else:
+        rows.append(row("speed-up measured", "not measured (report.speed=false)"))
+    if predicted and predicted.get("speed_up") is not None:
+        rows.append(row("speed-up predicted (pruning.workload)", f"{predicted['speed_up']:.2f}x"))
+    return rows
+
+
+def speed_note(speed: dict) -> str:
+    """How the speed-up (``metrics["speed"]``) was measured, with the times behind it, in one line."""
+    w = speed["workload"]
+    times = "; ".join(f"batch {b}: dense {t['dense_ms']:.1f} ms, shipped {t['pruned_ms']:.1f} ms wall "
+                      f"({t['dense_cpu_ms']:.1f} / {t['pruned_cpu_ms']:.1f} ms CPU)"
+                      for b, t in speed["batches"].items())
+    return (f"speed-up: shipped model over the dense model, {w['decoding']}, {w['source_tokens']} random source "
+            f"tokens, exactly {w['new_tokens']} new tokens, {w['device']} {w['dtype']}, {w['threads']} torch "
+            f"thread(s), timed alternately, median of {w['repeats']}: {times}")

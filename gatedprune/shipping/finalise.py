@@ -14,16 +14,18 @@ from pathlib import Path
 from hydra.utils import instantiate
 
 from gatedprune.errors import RunFailed, one_line
-from gatedprune.shipping.export import export_gated
+from gatedprune.reports.speed import measure_speed, speed_options
+from gatedprune.shipping.export import dense_copy, export_gated
 from gatedprune.shipping.export_dir import save_pruned
 from gatedprune.shipping.finetune import FineTuneCheckpoint, check_finite, finetune, resume_point
 from gatedprune.surgery.model_loading import load_pruned
 from gatedprune.training.checkpoint_io import with_atomic_checkpoints
+from gatedprune.training.seq_distill import dense_model
 from gatedprune.training.session import Session
 
 
 def finalise(session: Session, val_pairs) -> dict:
-    """``{"export", "exported", "test", "finetuned"}`` for ``run_metrics``.
+    """``{"export", "exported", "test", "finetuned", "speed"}`` for ``run_metrics``.
 
     The shipped model is scored where training ran (``session.device``). Outputs inside the run directory are this
     run's own: a relaunched run replaces them.
@@ -33,7 +35,7 @@ def finalise(session: Session, val_pairs) -> dict:
     test = {"dense": module.dense_test} if module.dense_test is not None else {}
     if not module.gates_trained:  # a dense baseline: its final model is the dense model
         test = {"dense": module.score_test("the end of the run")}
-    export = exported = finetuned = None
+    export = exported = finetuned = speed = None
     if export_cfg.enabled:
         rule, top_k = module.pruning.export_rule(module.budget)  # a head budget is met exactly: top-k per group
         if rule == "binary" and export_cfg.rule != "binary":  # export.rule=top-k export.top_k=N overrides the gates'
@@ -42,25 +44,45 @@ def finalise(session: Session, val_pairs) -> dict:
                        finetune_dir=Path(session.tuning.out_dir), score_test=module.gates_trained and has_test)
         export, exported, finetuned = shipped["export"], shipped["exported"], shipped["finetuned"]
         test.update(shipped["test"])
+        speed = measure_shipped(session, shipped)
         deployed = deploy(session, shipped, val_pairs)
     elif module.gates_trained and has_test:
         module.gates.set_mode(module._eval_gate_mode())
         test["gated"] = module.score_split(module.model, "test", datamodule)
     test = {k: v for k, v in test.items() if v is not None}
-    return {"export": export, "exported": exported, "test": test or None, "finetuned": finetuned,
+    return {"export": export, "exported": exported, "test": test or None, "finetuned": finetuned, "speed": speed,
             **({"deploy": deployed} if export_cfg.enabled and deployed else {})}
+
+
+def shipped_dir(shipped: dict) -> Path:
+    """Where ``ship``'s result put the model it ships: the fine-tuned one, if any (not one whose fine-tune failed)."""
+    tuned = shipped["finetuned"] or {}
+    return Path(tuned["dir"] if tuned.get("dir") else shipped["export"]["dir"])
+
+
+def measure_shipped(session: Session, shipped: dict) -> dict | None:
+    """``report.speed``: the shipped model, reloaded from its directory, timed against the gated model before pruning
+    (gates removed), both on the CPU in float32 (``reports.speed.measure_speed``); None when it is off.
+
+    Once per run, for the model the run ships: the methods that export several levels (``methods.plan_run``) call
+    ``ship`` per level and measure none of them (their metrics.json has no ``speed``)."""
+    options = speed_options(session.cfg.get("report"))  # checked at set-up
+    if not options.speed:
+        return None
+    source = shipped_dir(shipped)
+    dense, pruned = dense_copy(session.module.model), load_pruned(source).float().eval()
+    print(f"report.speed: timing {source} against the dense model (greedy, batches {list(options.batches)})")
+    return {"model": str(source), **measure_speed(dense, pruned, options)}
 
 
 def deploy(session: Session, shipped: dict, val_pairs) -> dict:
     """The shipped model (the fine-tuned one, if any) converted to each of ``export.formats`` besides hf, into
     ``<export.deploy_dir>/<format>``, each verified in its runtime on the validation pairs; ``{format: report}``."""
     from gatedprune.deploy.formats import convert
-    from gatedprune.shipping.export import dense_copy
     from gatedprune.shipping.export_inputs import sample_batch
 
     export_cfg, module = session.export, session.module
-    tuned = shipped["finetuned"] or {}
-    source = Path(tuned["dir"] if tuned.get("dir") else shipped["export"]["dir"])
+    source = shipped_dir(shipped)
     reports, batch = {}, None
     for fmt in export_cfg.deploy_formats():
         model = load_pruned(source).float().eval()  # a fresh copy for each format: none sees another's changes
@@ -156,20 +178,23 @@ def _finetune(session: Session, pruned, export: dict, out_dir: Path, score_on, s
                           callbacks=[saver], enable_checkpointing=False, limit_val_batches=0, num_sanity_val_steps=0,
                           plugins=with_atomic_checkpoints(session.cfg.trainer))
     teacher = module.teacher if tuning.distill else None
+    dense = dense_model(module) if tuning.targets != "labels" else None  # sequence-level targets are its translations
     inside = _inside(out_dir, run_dir)
     identity = {"dir": str(out_dir.resolve().relative_to(run_dir.resolve()) if inside else out_dir.resolve()),
                 "plan": export["plan"], "steps": tuning.steps, "lr": tuning.lr, "distill": tuning.distill,
-                "seed": session.cfg.seed}
+                "targets": tuning.targets, "seed": session.cfg.seed}
     resume = resume_point(checkpoint, identity)
     if resume:
         print(f"resuming fine-tuning from {resume}")
     tuned = finetune(pruned, datamodule, tuning, trainer, module.optim.label_smoothing, teacher, module.pruning.distill,
-                     max_bad_steps=module.optim.max_bad_steps, seed=session.cfg.seed, identity=identity, resume=resume)
+                     max_bad_steps=module.optim.max_bad_steps, seed=session.cfg.seed, identity=identity, resume=resume,
+                     dense=dense)
     check_finite(tuned, "the end of fine-tuning")  # weights that are not finite are never written
     save_pruned(tuned, out_dir, module.tokenizer, overwrite=inside)
     checkpoint.unlink(missing_ok=True)  # this fine-tune is done: a relaunch must not resume it
     reloaded = load_pruned(out_dir).to(session.device)
     result = {"dir": str(out_dir), "steps": tuning.steps, "lr": tuning.lr, "distill": tuning.distill,
+              "targets": tuning.targets,
               "validation": score_on(reloaded, "validation")}
     if score_test:
         result["test"] = score_on(reloaded, "test")
@@ -198,4 +223,5 @@ def _failed(session: Session, out_dir: Path, err: FloatingPointError, exported: 
     error = one_line(str(err))
     print(f"{error}; nothing was written to {out_dir}: the export as verified is what this run ships")
     return {"error": error, "dir": None, "steps": tuning.steps, "lr": tuning.lr, "distill": tuning.distill,
+            "targets": tuning.targets,
             "validation_before": headline(exported)}

@@ -19,6 +19,7 @@ from gatedprune.structures.head_gates import attach_gates
 from gatedprune.structures.kinds import ATTENTION_KINDS
 from gatedprune.training.checkpoints import add_new_gates, describe
 from gatedprune.training.distill import distilled_loss, frozen_copy
+from gatedprune.training.layer_map import LayerMaps, fit_checkpoint
 from gatedprune.training.guards import BadSteps, zero_non_finite_gradients
 from gatedprune.reports.scoring import GenerationConfig, corpus_scores, generate, score, token_cross_entropy
 from gatedprune.reports.plots import save_gate_heatmap
@@ -73,9 +74,12 @@ class GatedSeq2Seq(L.LightningModule):
         self.output_dir = Path(output_dir)
         self.seed = seed
         self.gates = attach_gates(model, pruning.kinds, ffn_group=pruning.ffn_group, **asdict(pruning.gates))
-        self.budget = pruning.build(self.gates)  # a method's own trainable state (a head budget's multipliers)
-        # the dense model as teacher (pruning.distill): a frozen copy, refreshed when the gated phase starts
-        self.teacher = frozen_copy(model) if pruning.distill.on else None
+        self.budget = pruning.build(self.gates, model)  # a method's own trainable state (a head budget's multipliers)
+        # the dense model as teacher (pruning.distill): a frozen copy, refreshed when the gated phase starts; kept
+        # too, though nothing distils, when the fine-tune trains on its translations (finetune.targets)
+        self.teacher = frozen_copy(model) if pruning.distill.on or getattr(pruning, "keeps_dense", False) else None
+        # the teacher's layers to the student's (pruning.distill.layer_map=nearest): trained, never exported
+        self.layer_maps = LayerMaps.for_model(self.teacher) if pruning.distill.maps_layers else None
         self._teacher_ready = False
         self.teacher_ms: list[float] = []  # what the teacher's forward costs, per step
         self.save_hyperparameters(
@@ -118,7 +122,7 @@ class GatedSeq2Seq(L.LightningModule):
         self.gates.set_mode(self._train_gate_mode())
         if self.gating:
             self.gates.set_temperature(self.pruning.temperature(self.global_step - self.pruning.start_step))
-        if self.teacher is not None and self.gating:
+        if self.pruning.distill.on and self.gating:
             ce, loss = self._distilled(batch)
         else:
             ce = loss = self._cross_entropy(batch, self.optim.label_smoothing)
@@ -139,7 +143,8 @@ class GatedSeq2Seq(L.LightningModule):
 
     def _distilled(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(CE on the labels, the distilled task loss: gatedprune.training.distill)."""
-        ce, loss, logs = distilled_loss(self.model, self.teacher, batch, self.pruning.distill, self.optim.label_smoothing)
+        ce, loss, logs = distilled_loss(self.model, self.teacher, batch, self.pruning.distill,
+                                        self.optim.label_smoothing, self.layer_maps)
         self.teacher_ms.append(logs["teacher_ms"])
         self.log_dict({f"train/{k}": v for k, v in logs.items()}, batch_size=1)
         return ce, loss
@@ -189,8 +194,10 @@ class GatedSeq2Seq(L.LightningModule):
         self.gates.clamp_()
 
     def configure_optimizers(self):
+        maps = list(self.layer_maps.parameters()) if self.layer_maps is not None else []  # last of the model's group
         groups = [
-            {"params": list(self.model.parameters()), "weight_decay": self.optim.weight_decay, "lr": self.optim.lr},
+            {"params": list(self.model.parameters()) + maps, "weight_decay": self.optim.weight_decay,
+             "lr": self.optim.lr},
             {"params": list(self.gates.parameters()), "weight_decay": 0.0, "lr": self.pruning.gate_lr},
         ]
         groups += self.pruning.param_groups(self.budget)  # the method's own state (a head budget's multipliers)
@@ -345,6 +352,7 @@ class GatedSeq2Seq(L.LightningModule):
         elif self.teacher is not None and not saved_teacher:  # e.g. a fork from a dense.ckpt written without it
             state.update({f"teacher.{k[len('model.'):]}": v for k, v in list(state.items()) if k.startswith("model.")})
             self._teacher_ready = False
+        fit_checkpoint(checkpoint, self.layer_maps)  # a checkpoint written with(out) layer maps: identity ones, or none
         # a fork that gates more kinds than the checkpoint (a heads-only dense.ckpt): the new gates start fresh
         add_new_gates(checkpoint, self.gates)
         # a fork from a checkpoint another method wrote: the method fits its own state and optimiser groups
