@@ -156,8 +156,8 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple[Session, Method]:
         if method.loads_checkpoint_itself:  # trainer.fit reads the file again: free it before the module is built
             saved = None
     gating = method.gating()
-    if checkpoint:  # a fork reuses the cost fits measured for the checkpoint it starts from
-        gating.cost_dirs.append(checkpoint.parent)
+    if checkpoint:  # cost fits are cached beside the checkpoint a run starts from: its forks measure once
+        gating.cost_dirs.insert(0, checkpoint.parent)
     module = _instantiate(cfg.module)(model=model, tokenizer=tokenizer, pruning=gating, optim=optim,
                                       generation=generation, test_generation=test_generation)
     method.prepare(module, saved)

@@ -177,6 +177,7 @@ def test_a_table_from_another_machine_is_used_and_checked(bart3, tmp_path):
     (path,) = tmp_path.glob("latency-*.json")
     data = json.loads(path.read_text())
     data["key"]["device"] = "the user's server"
+    data["key"]["workload"]["repeats"] = 9  # measured otherwise there: still the same workload
     server = tmp_path / "server.json"
     server.write_text(json.dumps(data))
     refused = lambda *a: pytest.fail("a table was given: nothing is timed")  # noqa: E731
@@ -215,8 +216,8 @@ def test_expected_cost_of_fixed_gates_is_the_cost_of_the_pruned_model(bart3):
         expected = costs.total - costs.prunable + costs.expected(gates).item()
         pruned = prune_heads(copy.deepcopy(bart3), plan)
         assert expected == pytest.approx(cost.of(pruned), rel=1e-3)
-        # the floor: every gated structure removed but what a decoder must keep is still priced by the base alone
-        assert costs.floor == pytest.approx(BASE / costs.total)
+        # the floor: every gated structure removed but a decoder layer (every kind is gated: its own cost alone)
+        assert costs.floor == pytest.approx((BASE + TRUE["decoder_layer"]) / costs.total)
     finally:
         gates.remove()
 
@@ -267,6 +268,9 @@ def test_one_target_per_run(bart3):
     with pytest.raises(ValueError, match=r"pruning.target_flops=1.5; allowed: a fraction in \(0, 1\)"):
         L0Budget(target_flops=1.5)
     assert L0Budget(target_flops=0.5).cost_unit == "flops" and L0Budget().target_heads == 0.5
+    with pytest.raises(ValueError, match=r"pruning.workload.table=t.json is a latency fit, which only "
+                                         r"pruning.target_latency uses"):
+        L0Budget(target_flops=0.5, workload={"table": "t.json"})
 
 
 def test_gatedprune_latency_writes_a_table_a_run_elsewhere_takes(bart3, tmp_path, monkeypatch, capsys):
@@ -285,3 +289,24 @@ def test_gatedprune_latency_writes_a_table_a_run_elsewhere_takes(bart3, tmp_path
     assert latency_command([str(tmp_path / "model"), str(tmp_path / "bad.json"), "--num-beams", "0"]) == 2
     assert "error: --num-beams=0; allowed: an integer >= 1" in capsys.readouterr().err
     assert not (tmp_path / "bad.json").exists()
+
+
+@pytest.mark.parametrize("unit, kinds", [("latency", ALL_KINDS), ("flops", ("encoder", "decoder", "cross")),
+                                         ("flops", ALL_KINDS)])
+def test_a_target_just_above_the_floor_is_met_by_the_export(bart3, unit, kinds):
+    """What every plan keeps (a decoder layer, the phantom head of an emptied attention module) is in the floor, and
+    the export pays for it: the pruned model's cost, priced on the model itself, stays within the target."""
+    model = copy.deepcopy(bart3)
+    cost = LinearCost("latency", BASE, TRUE) if unit == "latency" else flops_cost(model, WORKLOAD)
+    gates = attach_gates(model, kinds)
+    try:
+        torch.manual_seed(2)
+        for gate in gates.gates:
+            gate.log_alpha.data.uniform_(-3, 3)
+        gates.set_costs(unit, StructureCosts.of_linear(cost, model, gates))
+        target = gates.costs[unit].floor + 1e-4
+        budget = CostBudget(gates, unit, target, warmup_steps=0)
+        pruned = prune_heads(copy.deepcopy(bart3), gates.plan(unit, budget.kept_allowed, note=False))
+        assert cost.of(pruned) <= target * cost.of(bart3) * (1 + 1e-9)
+    finally:
+        gates.remove()

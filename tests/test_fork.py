@@ -29,6 +29,34 @@ def _checkpoint(tmp_path: Path, step: int, start_step: int, name: str = "dense.c
     return path
 
 
+def _fork_run(directory: Path, step: int, began: int) -> Path:
+    """A fork's own run directory with a ``last.ckpt`` at ``step``, its gated phase begun at ``began``, saved with
+    the schedule it took from the checkpoint it forked (warm-up 4000, lr 5e-4)."""
+    (directory / "tokenizer").mkdir(parents=True, exist_ok=True)
+    (directory / "checkpoints").mkdir(exist_ok=True)
+    path = directory / "checkpoints" / "last.ckpt"
+    torch.save({"global_step": step, "hyper_parameters": {"pruning": {"start_step": began},
+                                                          "optim": {"lr": 5e-4, "warmup_steps": 4000}}}, path)
+    return path
+
+
+def test_a_fork_continued_any_way_keeps_its_boundary_and_schedule(tmp_path):
+    """resume=auto in the fork's own directory, or resume=<the fork's run directory> from a new one: the config says
+    dense_steps 750 and the default schedule, the checkpoint that gating began at 3250 with warm-up 4000."""
+    gated = _default_gated_steps(tmp_path)
+    _fork_run(tmp_path / "run", step=3300, began=3250)
+    for resume in ("resume=auto", f"resume={tmp_path / 'run'}"):
+        cfg, schedule = _settled(tmp_path, resume, "pruning=l0_budget")
+        assert (cfg.pruning.start_step, cfg.trainer.max_steps) == (3250, 3250 + gated), resume
+        assert (cfg.optim.lr, cfg.optim.warmup_steps) == (5e-4, 4000) and schedule["fork"]["continued"]
+    with pytest.raises(ValueError, match=r"dense_steps=750 on a run continued from .* began at step 3250"):
+        _settled(tmp_path, "resume=auto", "dense_steps=750")
+    # a plain run continued past its boundary, which agrees with its config: as configured
+    _fork_run(tmp_path / "plain", step=800, began=750)
+    cfg = compose_train(tmp_path / "plain", f"resume={tmp_path / 'plain'}", hydra_config=True)
+    assert settle(cfg, tmp_path / "plain")["fork"] is None and cfg.optim.warmup_steps == 400
+
+
 def _settled(tmp_path: Path, *overrides: str):
     """The config as a run settles it (the overrides count as typed on the command line), and its schedule."""
     cfg = compose_train(tmp_path / "run", *overrides, hydra_config=True)
@@ -48,7 +76,7 @@ def test_a_fork_of_a_converged_checkpoint_starts_gating_at_its_step_with_its_sch
     assert (cfg.dense_steps, cfg.pruning.start_step, cfg.trainer.max_steps) == (3250, 3250, 3250 + gated)
     assert (cfg.optim.lr, cfg.optim.warmup_steps) == (5e-4, 4000)  # the checkpoint's, not conf/optim's
     assert schedule == {"start_step": 3250, "gated_steps": gated, "max_steps": 3250 + gated, "warmup_steps": 4000,
-                        "fork": {"checkpoint": str(path), "step": 3250}}
+                        "fork": {"checkpoint": str(path), "step": 3250, "continued": False}}
     cfg, _ = _settled(tmp_path, f"resume={path}", "gated_steps=300")
     assert (cfg.pruning.start_step, cfg.trainer.max_steps) == (3250, 3550)
     # relaunched in its own directory, it continues from its own last.ckpt with the schedule it started with
@@ -79,6 +107,7 @@ def test_values_that_agree_with_the_checkpoint_and_runs_that_are_not_forks_keep_
     # a dense model trained on to a fixed step (gating beyond the end): a dense run, its steps as given
     cfg, schedule = _settled(tmp_path, f"resume={path}", "pruning.start_step=1000000", "trainer.max_steps=5000")
     assert (cfg.pruning.start_step, cfg.trainer.max_steps, schedule["fork"]["step"]) == (1000000, 5000, 3250)
+    assert (cfg.optim.warmup_steps, schedule["gated_steps"]) == (4000, 0)  # at the checkpoint's rate, nothing gated
     with pytest.raises(ValueError, match="trainer.max_steps=850 on a fork .* would end before it starts"):
         _settled(tmp_path, f"resume={path}", "pruning.start_step=1000000")
     # a last.ckpt inside a dense phase that went on, and a gated checkpoint: continued as configured

@@ -1,8 +1,9 @@
 """The cost of a model in one unit (``params``, ``flops``, ``latency``) for a workload, and its gates' under it.
 
 Latency is looked up before it is measured: ``pruning.workload.table`` if given, else a fit cached in one of
-``cache_dirs`` (the run's checkpoint directory, then the one a fork starts from), else measured here (``timer``,
-default the workload runtime's) and cached in the first.
+``cache_dirs`` (the directory of the checkpoint a fork starts from, then the run's own checkpoints), else measured
+here (``timer``, default the workload runtime's) and cached in the first that can be written: forks of one
+checkpoint measure once.
 """
 
 from __future__ import annotations
@@ -45,10 +46,14 @@ def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = 
           f"{workload.target_tokens} tokens, beams {workload.num_beams}, {wanted['device']})")
     cost, probes = latency.fit_latency(unhooked_copy(model), workload, timer or TIMERS[workload.runtime])
     info = {"source": "measured", "path": None, "device": wanted["device"], "probes": probes}
-    if cache_dirs:
-        path = Path(cache_dirs[0]) / name
-        table.save(path, wanted, cost, probes)
-        info["path"] = str(path)
+    for directory in cache_dirs:  # the first that takes it: beside the checkpoint forked, else the run's own
+        try:
+            table.save(Path(directory) / name, wanted, cost, probes)
+        except OSError as err:
+            print(f"note: the latency fit is not cached in {directory} ({type(err).__name__}: {err})")
+            continue
+        info["path"] = str(Path(directory) / name)
+        break
     return cost, info
 
 

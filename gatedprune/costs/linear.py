@@ -58,6 +58,7 @@ class StructureCosts:
         self.prunable = prunable
         self.total = total
         self.linear = linear  # the per-kind cost it was made from, which also prices a pruned model (None: params)
+        self.least = 0.0  # of the prunable cost, what every plan keeps (``keep_least``)
 
     @classmethod
     def of_parameters(cls, sites: list, gates, total: int) -> "StructureCosts":
@@ -71,7 +72,7 @@ class StructureCosts:
                 prunable += site.unit_parameters()
             elif gates.outer[i] is None:
                 prunable += int(round(unit[i] * gates.gates[i].num_heads))
-        return cls(unit, fixed, prunable, total)
+        return cls(unit, fixed, prunable, total).keep_least(gates)
 
     @classmethod
     def of_linear(cls, cost: LinearCost, model: nn.Module, gates) -> "StructureCosts":
@@ -94,12 +95,22 @@ class StructureCosts:
             elif gates.outer[i] is None:
                 prunable += unit[i] * gates.gates[i].num_heads
         phantom = [cost.phantom.get(kind, 0.0) for kind in gates.kinds]
-        return cls(unit, fixed, prunable, cost.of(model), cost, phantom)
+        return cls(unit, fixed, prunable, cost.of(model), cost, phantom).keep_least(gates)
+
+    def keep_least(self, gates) -> "StructureCosts":
+        """Note what every plan keeps of the prunable cost: a decoder layer, where they are gated (the costliest, to be
+        safe: ``within`` keeps the most open one), and the phantom head of every attention module a plan can empty."""
+        def phantoms(outer):
+            return sum(self.phantom[j] for j in range(len(self.unit)) if gates.outer[j] == outer)
+
+        decoder = [i for i, st in enumerate(gates.structures) if st == "layer" and gates.stacks[i] == "decoder"]
+        self.least = phantoms(None) + max((self.fixed[i] + phantoms(i) for i in decoder), default=0.0)
+        return self
 
     @property
     def floor(self) -> float:
-        """The least fraction of ``total`` a plan can keep: what no gate can remove."""
-        return (self.total - self.prunable) / self.total
+        """The least fraction of ``total`` a plan can keep: what no gate can remove, and what every plan keeps."""
+        return (self.total - self.prunable + self.least) / self.total
 
     def allowed(self, fraction: float) -> float:
         """Prunable cost a plan may keep to stay within ``fraction`` of the total."""
@@ -119,18 +130,27 @@ class StructureCosts:
             for j, value in enumerate(score.tolist()):
                 order.append((min(value, scores[outer].item()) if outer is not None else value, i, j))
         order.sort(key=lambda e: (-e[0], gates.structures[e[1]] != "layer"))  # a layer before its content; stable
+        # a decoder keeps a layer (HeadGates.plan would open its most open one): paid for first, so the plan fits
+        decoder = [i for i, st in enumerate(gates.structures) if st == "layer" and gates.stacks[i] == "decoder"]
+        forced = max(decoder, key=lambda i: scores[i].item()) if decoder else None
         budget = allowed
         while True:
-            keep, spent = self._fill(gates, order, scores, budget)
+            keep, spent = self._fill(gates, order, scores, budget, forced)
             over = spent + self._phantoms(gates, keep) - allowed
-            if over <= 0 or spent == 0:
+            if over <= 0 or budget < 0:  # fits, or nothing more can go (a target below the floor)
                 return torch.cat(keep)
             budget -= over
 
-    def _fill(self, gates, order: list, scores: list, allowed: float) -> tuple[list[torch.Tensor], float]:
+    def _fill(self, gates, order: list, scores: list, allowed: float, forced: int | None
+              ) -> tuple[list[torch.Tensor], float]:
         keep = [torch.zeros(len(s), dtype=torch.bool) for s in scores]
         spent = 0.0
+        if forced is not None:
+            keep[forced][0] = True
+            spent += self.fixed[forced]
         for _, i, j in order:
+            if i == forced:
+                continue
             outer = gates.outer[i]
             if outer is not None and not keep[outer][0]:
                 continue  # its layer did not fit

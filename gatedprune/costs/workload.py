@@ -22,7 +22,9 @@ class Workload:
     num_beams: int = 1
     runtime: str = "torch"
     device: str = "cpu"
-    threads: int | None = None  # CPU threads while timing (torch.set_num_threads / ct2 intra_threads); None: as set
+    # CPU threads while timing (torch.set_num_threads / ct2 intra_threads); None: as torch is set. One by default: CPU
+    # time (what is timed on the CPU) is the sum over threads, and a shared machine's second core mostly waits
+    threads: int | None = 1
     quantization: str | None = None  # ct2 only: the compute type timed (int8, ...); None: float32
     repeats: int = 3  # timings per probe model (median), alternating between them
     probe_fractions: tuple = (0.5, 0.0)  # each kind shrunk to these fractions of its structures, one copy each
@@ -51,9 +53,11 @@ class Workload:
         object.__setattr__(self, "probe_fractions", fractions)
 
     def decoding(self) -> dict:
-        """What the cost depends on besides the model and the machine (the cache key's workload part)."""
-        keep = ("source_tokens", "target_tokens", "batch", "num_beams", "runtime", "device", "threads", "quantization")
-        return {k: v for k, v in asdict(self).items() if k in keep}
+        """What the cost depends on besides the model and the machine (the cache key's workload part), and how it was
+        measured."""
+        keep = ("source_tokens", "target_tokens", "batch", "num_beams", "runtime", "device", "threads", "quantization",
+                "repeats", "probe_fractions")  # the last two: how it was measured, which a fit depends on too
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items() if k in keep}  # as JSON has it
 
     @classmethod
     def of(cls, value) -> "Workload":

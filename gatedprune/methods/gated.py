@@ -258,6 +258,9 @@ class L0Budget(GatedPruning):
         if not given:
             self.target_heads = 0.5
         self.workload = Workload.of(self.workload)
+        if self.workload.table is not None and self.target_latency is None:
+            raise ValueError(f"pruning.workload.table={self.workload.table} is a latency fit, which only "
+                             "pruning.target_latency uses; allowed: with target_latency, or table null")
         self.cost_dirs = [Path(self.cost_dir)] if self.cost_dir else []
         if self.target_warmup_steps < 0:  # a negative ramp would act as none without a word
             raise ValueError(f"pruning.target_warmup_steps={self.target_warmup_steps} is negative; allowed: an "

@@ -62,6 +62,13 @@ class ForkPoint:
     path: Path
     step: int
     optim: dict  # its hyperparameters' optim settings (the learning-rate schedule)
+    continued: bool = False  # a run (a fork, or one whose dense phase has changed since) continued past step
+
+    @property
+    def where(self) -> str:
+        if self.continued:
+            return f"a run continued from {self.path} (its gated phase began at step {self.step})"
+        return f"a fork of {self.path} (saved at step {self.step}, where its dense training ended)"
 
 
 def fork_point(resume: str | None, run_dir: Path) -> ForkPoint | None:
@@ -78,6 +85,23 @@ def fork_point(resume: str | None, run_dir: Path) -> ForkPoint | None:
     if start is None or step is None or step > start or (step < start and path.name != "dense.ckpt"):
         return None
     return ForkPoint(path, int(step), dict(hparams.get("optim") or {}))
+
+
+def continued_run(resume: str | None, run_dir: Path, start: int) -> ForkPoint | None:
+    """The checkpoint this run continues from (its own last.ckpt, else the one ``resume`` names) when its gated phase
+    began at a step other than ``start``, the dense phase the config says: a fork continued (``resume=auto`` in its
+    own directory, or ``resume=<the fork's run directory>``) keeps the boundary and the schedule it had. None for a
+    run whose boundary agrees, or that is still in its dense phase (continued as configured)."""
+    own = run_dir / "checkpoints" / "last.ckpt"
+    path = own if own.is_file() else named_checkpoint(resume)
+    if path is None:
+        return None
+    saved = peek_checkpoint(path)
+    hparams = saved["hyper_parameters"]
+    began, step = (hparams.get("pruning") or {}).get("start_step"), saved["global_step"]
+    if began is None or step is None or step <= began or began == start:
+        return None
+    return ForkPoint(path, int(began), dict(hparams.get("optim") or {}), continued=True)
 
 
 def command_line_keys(cfg: DictConfig) -> set[str]:
@@ -105,6 +129,8 @@ def settle(cfg: DictConfig, run_dir: Path) -> dict:
     fork = fork_point(cfg.get("resume"), run_dir)
     has_start = "start_step" in cfg.pruning  # the gated methods' dense phase; the others only read dense_steps
     start = cfg.pruning.start_step if has_start else cfg.dense_steps
+    if fork is None and has_start:
+        fork = continued_run(cfg.get("resume"), run_dir, start)
     max_steps = cfg.trainer.get("max_steps")
     bounded = max_steps is not None and max_steps >= 0
     # given, rather than the default trainer.max_steps - dense_steps (or null, which says the same)
@@ -120,23 +146,29 @@ def settle(cfg: DictConfig, run_dir: Path) -> dict:
                          f"trainer.max_steps >= {fork.step} (the dense model trained on to that step)")
     if fork is not None and not dense_run:
         _settle_fork(cfg, fork, given, has_start, start, gated, gated_set)
+    elif fork is not None:  # the dense model trained on from the checkpoint: its steps as given, at its rate
+        changes = take_schedule(cfg, fork, given)
+        if changes:
+            print(f"note: {fork.where}: {', '.join(changes)}")
     elif gated_set:
         if "trainer.max_steps" in given and max_steps != start + gated:
             raise ValueError(f"trainer.max_steps={max_steps} with gated_steps={gated} after a dense phase of {start} "
                              f"steps: trainer.max_steps is {start + gated}; allowed: one of the two")
         cfg.trainer.max_steps = start + gated
+    if dense_run:
+        gated = 0  # nothing is gated: not a negative count
     if gated is not None:
         cfg.gated_steps = gated  # the presets count it: fixed, however dense_steps and max_steps were settled
     start = cfg.pruning.start_step if has_start else cfg.dense_steps
     return {"start_step": start, "gated_steps": gated, "max_steps": cfg.trainer.get("max_steps"),
             "warmup_steps": cfg.optim.get("warmup_steps"),
-            "fork": {"checkpoint": str(fork.path), "step": fork.step} if fork else None}
+            "fork": {"checkpoint": str(fork.path), "step": fork.step, "continued": fork.continued} if fork else None}
 
 
 def _settle_fork(cfg: DictConfig, fork: ForkPoint, given: set[str], has_start: bool, start: int, gated: int | None,
                  gated_set: bool) -> None:
     """Give ``cfg`` the fork's schedule: dense phase ``fork.step``, then ``gated`` steps, at the checkpoint's rate."""
-    n, where = fork.step, f"a fork of {fork.path} (saved at step {fork.step}, where its dense training ended)"
+    n, where = fork.step, fork.where
     for key in ("dense_steps", "pruning.start_step"):
         value = OmegaConf.select(cfg, key)
         if key in given and value != n:
@@ -147,16 +179,7 @@ def _settle_fork(cfg: DictConfig, fork: ForkPoint, given: set[str], has_start: b
         meant = f"gated_steps={gated}" if gated_set else f"gated_steps={max_steps - start} if that is the gated phase"
         raise ValueError(f"trainer.max_steps={max_steps} on {where}: the gated phase follows the checkpoint's step, so "
                          f"trainer.max_steps is {n} + gated_steps; allowed: trainer.max_steps unset, or {meant}")
-    changes = []
-    for key in SCHEDULE_FIELDS:
-        if key not in fork.optim or key not in cfg.optim or cfg.optim[key] == fork.optim[key]:
-            continue
-        if f"optim.{key}" in given:
-            raise ValueError(f"optim.{key}={cfg.optim[key]} on {where}, whose schedule has optim.{key}="
-                             f"{fork.optim[key]}: a fork goes on with its checkpoint's learning-rate schedule; "
-                             f"allowed: optim.{key} unset, or {fork.optim[key]}")
-        changes.append(f"optim.{key} {cfg.optim[key]} -> {fork.optim[key]}")
-        cfg.optim[key] = fork.optim[key]
+    changes = take_schedule(cfg, fork, given)
     if start != n:
         changes.insert(0, f"dense_steps {start} -> {n}")
     cfg.dense_steps = n
@@ -168,3 +191,19 @@ def _settle_fork(cfg: DictConfig, fork: ForkPoint, given: set[str], has_start: b
         cfg.trainer.max_steps = n + gated
     if changes:
         print(f"note: {where}: {', '.join(changes)}")
+
+
+def take_schedule(cfg: DictConfig, fork: ForkPoint, given: set[str]) -> list[str]:
+    """Give ``cfg`` the checkpoint's learning-rate schedule (``SCHEDULE_FIELDS``); returns what changed. A typed value
+    that disagrees is refused in one line."""
+    changes = []
+    for key in SCHEDULE_FIELDS:
+        if key not in fork.optim or key not in cfg.optim or cfg.optim[key] == fork.optim[key]:
+            continue
+        if f"optim.{key}" in given:
+            raise ValueError(f"optim.{key}={cfg.optim[key]} on {fork.where}, whose schedule has optim.{key}="
+                             f"{fork.optim[key]}: a fork goes on with its checkpoint's learning-rate schedule; "
+                             f"allowed: optim.{key} unset, or {fork.optim[key]}")
+        changes.append(f"optim.{key} {cfg.optim[key]} -> {fork.optim[key]}")
+        cfg.optim[key] = fork.optim[key]
+    return changes

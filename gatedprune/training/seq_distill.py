@@ -66,6 +66,11 @@ def cache_path(dense: nn.Module, datamodule, cache_dir: str | Path) -> Path:
     key.update(weights_digest(dense).encode())
     key.update(json.dumps(datamodule.datasets["train"].src_ids).encode())
     key.update(json.dumps(settings(datamodule), sort_keys=True).encode())
+    # what else decides the translations: the model's own generation defaults (forced BOS, lengths) and the tokenizer
+    key.update(json.dumps(dense.generation_config.to_diff_dict(), sort_keys=True, default=str).encode())
+    tokenizer = getattr(datamodule, "tokenizer", None)
+    if tokenizer is not None:
+        key.update(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode())
     return Path(cache_dir) / f"seqkd-{key.hexdigest()[:16]}.jsonl"
 
 
