@@ -190,6 +190,7 @@ DOTTED = {
     "sweep": (["/nonexistent/multirun"], "/nonexistent/multirun"),
     "evaluate": (["/nonexistent/model"], "/nonexistent/model"),
     "analyze": (["/nonexistent/run"], "/nonexistent/run"),
+    "latency": (["/nonexistent/model", "out.json"], "/nonexistent/model"),
 }
 
 

@@ -111,7 +111,7 @@ def test_an_old_heads_only_run_resumes_with_every_kind(tmp_path):
      "pruning.distill.hidden=1.0 with layer kinds ['encoder_layer', 'decoder_layer']: layer distillation needs a map"),
     (("pruning.ffn_group=0",), "pruning.ffn_group=0; allowed: an integer >= 1"),
     (("pruning=l0_budget", "pruning.target_heads=12", "pruning.target_params=0.5"),
-     "a budget takes one target; allowed: one of them, the other null"),
+     "a budget takes one target; allowed: one of them, the others null"),
     (("pruning=l0_budget", "pruning.target_params=1.5"), "pruning.target_params=1.5; allowed: a fraction in (0, 1)"),
 ])
 def test_bad_settings_of_the_new_kinds_are_refused_in_one_line(tmp_path, overrides, says):
