@@ -77,3 +77,21 @@ def train_dense(run_dir: Path) -> Path:
     proc = run_train(run_dir, "trainer.max_steps=10")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run_dir
+
+
+def bart_structures(model) -> dict:
+    """Structures of a (possibly pruned) BART-like model per kind, read off its modules by name: a count independent
+    of gatedprune's site finder (gatedprune.costs.counts)."""
+    from gatedprune.structures.kinds import ALL_KINDS
+
+    counts = dict.fromkeys(ALL_KINDS, 0)
+    head_dim = model.config.d_model // model.config.encoder_attention_heads
+    for stack in ("encoder", "decoder"):
+        layers = getattr(model.model, stack).layers
+        counts[f"{stack}_layer"] += len(layers)
+        for layer in layers:
+            counts[stack] += layer.self_attn.q_proj.out_features // head_dim
+            counts[f"{stack}_ffn"] += layer.fc1.out_features
+            if stack == "decoder":
+                counts["cross"] += layer.encoder_attn.q_proj.out_features // head_dim
+    return counts

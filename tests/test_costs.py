@@ -12,6 +12,7 @@ import torch
 import transformers
 
 from families import FAMILY_CONFIGS
+from helpers import bart_structures
 from gatedprune.costs import latency, table
 from gatedprune.costs.build import latency_cost
 from gatedprune.costs.flops import count_flops, flops_cost
@@ -53,22 +54,6 @@ def _generate(workload):
     return job
 
 
-def _bart_counts(model) -> dict:
-    """Structures of a (possibly pruned) BART-like model, read off its modules by name: the fake timer's own count,
-    independent of gatedprune's site finder."""
-    counts = dict.fromkeys(ALL_KINDS, 0)
-    head_dim = model.config.d_model // model.config.encoder_attention_heads
-    for stack in ("encoder", "decoder"):
-        layers = getattr(model.model, stack).layers
-        counts[f"{stack}_layer"] += len(layers)
-        for layer in layers:
-            counts[stack] += layer.self_attn.q_proj.out_features // head_dim
-            counts[f"{stack}_ffn"] += layer.fc1.out_features
-            if stack == "decoder":
-                counts["cross"] += layer.encoder_attn.q_proj.out_features // head_dim
-    return counts
-
-
 def fake_timer(noise: float = 0.0, seed: int = 0):
     """A timer that charges BASE + sum_k TRUE[k] n_k seconds, times (1 + noise * u), u uniform in [-1, 1]."""
     g = torch.Generator().manual_seed(seed)
@@ -78,7 +63,7 @@ def fake_timer(noise: float = 0.0, seed: int = 0):
         calls.append(len(models))
         out = []
         for model in models:
-            n = _bart_counts(model)
+            n = bart_structures(model)
             exact = BASE + sum(TRUE[k] * n[k] for k in TRUE)
             out.append(exact * (1 + noise * (2 * torch.rand((), generator=g).item() - 1)))
         return out
@@ -126,14 +111,14 @@ def test_fit_recovers_the_fake_timers_costs_and_predicts_other_plans(bart3):
     names = [p["probe"] for p in probes]
     assert names[0] == "dense" and len(names) == 1 + 2 * len(ALL_KINDS)  # each kind at 0.5 and 0.0
     pruned = prune_heads(copy.deepcopy(bart3), _mixed_plan(bart3, drop_decoder=(1,)))
-    n = _bart_counts(pruned)
+    n = bart_structures(pruned)
     assert cost.of(pruned) == pytest.approx(BASE + sum(TRUE[k] * n[k] for k in TRUE), rel=1e-6)
 
 
 def test_fit_under_noise_predicts_within_its_noise(bart3):
     cost, _ = latency.fit_latency(bart3, WORKLOAD, fake_timer(noise=0.03))
     pruned = prune_heads(copy.deepcopy(bart3), _mixed_plan(bart3))
-    n = _bart_counts(pruned)
+    n = bart_structures(pruned)
     assert cost.of(pruned) == pytest.approx(BASE + sum(TRUE[k] * n[k] for k in TRUE), rel=0.06)
 
 
@@ -210,7 +195,7 @@ def test_expected_cost_of_fixed_gates_is_the_cost_of_the_pruned_model(bart3):
     gates = attach_gates(model, ALL_KINDS)
     try:
         costs = StructureCosts.of_linear(cost, model, gates)
-        assert costs.total == pytest.approx(BASE + sum(TRUE[k] * n for k, n in _bart_counts(model).items()))
+        assert costs.total == pytest.approx(BASE + sum(TRUE[k] * n for k, n in bart_structures(model).items()))
         plan = _mixed_plan(model, drop_decoder=(2,))
         gates.fix_(plan)  # log_alpha +-10: P(open) within 1e-4 of 0 or 1
         expected = costs.total - costs.prunable + costs.expected(gates).item()
@@ -310,3 +295,14 @@ def test_a_target_just_above_the_floor_is_met_by_the_export(bart3, unit, kinds):
         assert cost.of(pruned) <= target * cost.of(bart3) * (1 + 1e-9)
     finally:
         gates.remove()
+
+
+def test_the_ctranslate2_timer_times_each_model_converted(model_of):
+    """runtime ct2: every model converted and timed in CTranslate2 (times are only checked to be there)."""
+    pytest.importorskip("ctranslate2")
+    from gatedprune.costs.timers import ct2_timer
+
+    model = model_of("bart")
+    pruned = prune_heads(copy.deepcopy(model), _mixed_plan(model))
+    seconds = ct2_timer([model, pruned], Workload(source_tokens=5, target_tokens=3, runtime="ct2", repeats=1))
+    assert len(seconds) == 2 and all(s > 0 for s in seconds)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from helpers import error_line, run_train
+from helpers import bart_structures, error_line, run_train
 from gatedprune import load_pruned
 from gatedprune.costs.flops import count_flops
 from gatedprune.costs.table import read
@@ -18,21 +18,6 @@ from gatedprune.structures.kinds import ALL_KINDS
 
 EVERY_KIND = f"pruning.kinds=[{','.join(ALL_KINDS)}]"
 SMALL = ("pruning.workload.source_tokens=6", "pruning.workload.target_tokens=4", "pruning.workload.repeats=1")
-
-
-def _count(model) -> dict:
-    """Structures of the smoke model (mBART) by module name: independent of gatedprune's site finder."""
-    counts = dict.fromkeys(ALL_KINDS, 0)
-    head_dim = model.config.d_model // model.config.encoder_attention_heads
-    for stack in ("encoder", "decoder"):
-        layers = getattr(model.model, stack).layers
-        counts[f"{stack}_layer"] += len(layers)
-        for layer in layers:
-            counts[stack] += layer.self_attn.q_proj.out_features // head_dim
-            counts[f"{stack}_ffn"] += layer.fc1.out_features
-            if stack == "decoder":
-                counts["cross"] += layer.encoder_attn.q_proj.out_features // head_dim
-    return counts
 
 
 # seconds per structure of each kind, and per call, that the run's timer charges (never real timings in a test)
@@ -62,7 +47,7 @@ def test_a_latency_target_is_measured_cached_and_met(tmp_path):
     price = lambda n: 0.01 + sum(FAKE[k] * n[k] for k in ALL_KINDS)  # noqa: E731
     dense = {"encoder": 8, "decoder": 8, "cross": 8, "encoder_ffn": 128, "decoder_ffn": 128, "encoder_layer": 2,
              "decoder_layer": 2}  # conf/experiment/smoke.yaml: 2 + 2 layers, 4 heads, FFN 64
-    kept = price(_count(load_pruned(run / "pruned"))) / price(dense)
+    kept = price(bart_structures(load_pruned(run / "pruned"))) / price(dense)
     assert report["predicted"]["latency"] == pytest.approx(kept) and kept <= 0.6
     assert report["predicted"]["speed_up"] == pytest.approx(1 / kept)
 
