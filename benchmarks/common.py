@@ -8,8 +8,6 @@ from __future__ import annotations
 import os
 import platform
 import random
-import re
-import subprocess
 import time
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import torch
 import transformers
 from omegaconf import OmegaConf
 
-from gatedprune.reports.speed import Timing, alternate  # noqa: F401  (the scripts time with the run's own)
+from gatedprune.reports.speed import Timing, alternate, cpu_name  # noqa: F401  (the scripts time with the run's own)
 from gatedprune.structures.adapters import ATTENTION_KINDS, attention_sites
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,12 +97,7 @@ def seconds(fn) -> float:
 
 def machine() -> str:
     """CPU model, cores and the threads torch uses, e.g. "AMD EPYC, 2 cores, torch threads 2"."""
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        cpu = re.search(r"Model name:\s*(.+)", lscpu).group(1).strip()
-    except (OSError, subprocess.CalledProcessError, AttributeError):
-        cpu = platform.processor() or platform.machine()
-    return f"{cpu}, {os.cpu_count()} logical CPUs, torch threads {torch.get_num_threads()}"
+    return f"{cpu_name()}, {os.cpu_count()} logical CPUs, torch threads {torch.get_num_threads()}"
 
 
 def versions() -> str:

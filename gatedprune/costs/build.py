@@ -8,7 +8,6 @@ checkpoint measure once.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 from torch import nn
@@ -18,14 +17,7 @@ from gatedprune.costs.flops import flops_cost
 from gatedprune.costs.linear import LinearCost, StructureCosts
 from gatedprune.costs.timers import TIMERS
 from gatedprune.costs.workload import Workload
-from gatedprune.surgery.model_loading import fresh_model
-
-
-def unhooked_copy(model: nn.Module) -> nn.Module:
-    """``model``'s weights in a fresh instance: no gate hook comes along (a deep copy would keep calling them)."""
-    clone = fresh_model(copy.deepcopy(model.config))
-    clone.load_state_dict(model.state_dict())
-    return clone.float().eval()
+from gatedprune.shipping.export import dense_copy  # the gated model without its gate hooks
 
 
 def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = (), timer=None) -> tuple[LinearCost, dict]:
@@ -44,7 +36,7 @@ def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = 
                 return cost, {"source": "cache", "path": str(path), "device": saved["device"]}
     print(f"measuring latency per structure ({workload.runtime}, batch {workload.batch}, {workload.source_tokens} -> "
           f"{workload.target_tokens} tokens, beams {workload.num_beams}, {wanted['device']})")
-    cost, probes = latency.fit_latency(unhooked_copy(model), workload, timer or TIMERS[workload.runtime])
+    cost, probes = latency.fit_latency(dense_copy(model), workload, timer or TIMERS[workload.runtime])
     info = {"source": "measured", "path": None, "device": wanted["device"], "probes": probes}
     for directory in cache_dirs:  # the first that takes it: beside the checkpoint forked, else the run's own
         try:

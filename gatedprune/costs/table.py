@@ -10,9 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
-import re
-import subprocess
 from pathlib import Path
 
 import torch
@@ -21,6 +18,7 @@ from torch import nn
 from gatedprune.costs.counts import features, kind_sites
 from gatedprune.costs.linear import LinearCost
 from gatedprune.costs.workload import Workload
+from gatedprune.reports.speed import cpu_name
 from gatedprune.utils import write_json
 
 FORMAT = 1  # of the file
@@ -43,13 +41,8 @@ def device_name(workload: Workload) -> str:
     """The processor the times are for, e.g. "AMD EPYC 7B13, 2 logical CPUs, 1 thread"."""
     if workload.device == "cuda":
         return torch.cuda.get_device_name() if torch.cuda.is_available() else "cuda (absent)"
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        cpu = re.search(r"Model name:\s*(.+)", lscpu).group(1).strip()
-    except (OSError, subprocess.CalledProcessError, AttributeError):
-        cpu = platform.processor() or platform.machine()
     threads = workload.threads or torch.get_num_threads()
-    return f"{cpu}, {os.cpu_count()} logical CPUs, {threads} thread{'s' * (threads > 1)}"
+    return f"{cpu_name()}, {os.cpu_count()} logical CPUs, {threads} thread{'s' * (threads > 1)}"
 
 
 def runtime_version(runtime: str) -> str:

@@ -1,8 +1,9 @@
 """Timers for the latency fit: ``timer(models, workload) -> [seconds]``, one median per model.
 
 Models are timed in turn (a, b, c, a, b, c, ...) after a warm-up each (``reports.speed.alternate``), so the load of
-a shared machine falls on all alike. On the CPU the time is CPU time (``time.process_time``): wall time on a shared machine swings by a third
-between two identical models, CPU time by a few per cent. On a GPU it is wall time after a synchronise.
+a shared machine falls on all alike, on the sources and calls the run's speed report times (``greedy_job``). On the
+CPU the time is CPU time (``time.process_time``): wall time on a shared machine swings by a third between two
+identical models, CPU time by a few per cent. On a GPU it is wall time after a synchronise.
 """
 
 from __future__ import annotations
@@ -13,14 +14,9 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
 from gatedprune.costs.workload import Workload
-from gatedprune.reports.speed import alternate
-
-
-def sources(model: nn.Module, workload: Workload) -> torch.Tensor:
-    """Seeded random source ids, special ids excluded (low ids and the last).  # (B, S)"""
-    g = torch.Generator().manual_seed(0)
-    return torch.randint(3, model.config.vocab_size - 1, (workload.batch, workload.source_tokens), generator=g)
+from gatedprune.reports.speed import alternate, greedy_job, random_sources
 
 
 @contextlib.contextmanager
@@ -53,12 +49,8 @@ def _synchronised(job, device: str):
 def torch_timer(models: list[nn.Module], workload: Workload) -> list[float]:
     """generate() of the workload, exactly ``target_tokens`` new tokens per sentence, KV cache on."""
     models = [model.to(workload.device).eval() for model in models]
-    src = sources(models[0], workload).to(workload.device)
-
-    @torch.no_grad()
-    def job(model):
-        model.generate(input_ids=src, attention_mask=torch.ones_like(src), num_beams=workload.num_beams,
-                       do_sample=False, max_new_tokens=workload.target_tokens, min_new_tokens=workload.target_tokens)
+    job = greedy_job(models[0], workload.batch, workload.source_tokens, workload.target_tokens, workload.num_beams,
+                     workload.device)
 
     with _threads(workload.threads):
         return _seconds(alternate(_synchronised(job, workload.device), models, workload.repeats), workload)
@@ -83,7 +75,8 @@ def ct2_timer(models: list[nn.Module], workload: Workload) -> list[float]:
                 str(directory), device=workload.device, compute_type=workload.quantization or "float32",
                 inter_threads=1, intra_threads=workload.threads or torch.get_num_threads())
             translators.append(translator)
-        batch = [[tokens[t] for t in row] for row in sources(models[0], workload).tolist()]
+        sources = random_sources(models[0], workload.batch, workload.source_tokens)  # the ids generate() is timed on
+        batch = [[tokens[t] for t in row] for row in sources.tolist()]
 
         def job(translator):
             translator.translate_batch(batch, beam_size=workload.num_beams, max_decoding_length=workload.target_tokens,

@@ -10,7 +10,10 @@ The benchmark scripts (benchmarks/common.py) time with the same ``Timing`` and `
 from __future__ import annotations
 
 import dataclasses
+import platform
+import re
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -108,21 +111,36 @@ def speed_options(node: DictConfig | dict | None) -> SpeedOptions:
     return SpeedOptions(**values)
 
 
-def greedy_job(model, batch: int, source_tokens: int, new_tokens: int):
-    """``job(m)``: greedy ``m.generate()`` of ``batch`` random sources of ``source_tokens`` ids (drawn for
-    ``model``'s vocabulary, seeded: every model sees the same), exactly ``new_tokens`` new tokens each."""
+def random_sources(model, batch: int, source_tokens: int) -> torch.Tensor:
+    """``batch`` random sources of ``source_tokens`` ids drawn for ``model``'s vocabulary, seeded: every model timed
+    sees the same.  # (B, S)"""
     g = torch.Generator().manual_seed(0)
     high = max(model.config.vocab_size - 1, 4)  # ids 0-2 and the last are special in most families: avoided
-    ids = torch.randint(3, high, (batch, source_tokens), generator=g)  # (B, S)
+    return torch.randint(3, high, (batch, source_tokens), generator=g)
+
+
+def greedy_job(model, batch: int, source_tokens: int, new_tokens: int, num_beams: int = 1, device="cpu"):
+    """``job(m)``: ``m.generate()`` (greedy, or beam search of ``num_beams``) of ``random_sources``, exactly
+    ``new_tokens`` new tokens each, on ``device``."""
+    ids = random_sources(model, batch, source_tokens).to(device)  # (B, S)
     mask = torch.ones_like(ids)
 
     @torch.no_grad()
     def job(m):
         # min = max: an untrained or pruned model that would stop early does the same work as the other
-        return m.generate(input_ids=ids, attention_mask=mask, num_beams=1, do_sample=False,
+        return m.generate(input_ids=ids, attention_mask=mask, num_beams=num_beams, do_sample=False,
                           max_new_tokens=new_tokens, min_new_tokens=new_tokens)  # (B, 1 + new_tokens)
 
     return job
+
+
+def cpu_name() -> str:
+    """The processor's model name (lscpu's), e.g. "AMD EPYC 7B13"; the platform's word for it where lscpu is not."""
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        return re.search(r"Model name:\s*(.+)", lscpu).group(1).strip()
+    except (OSError, subprocess.CalledProcessError, AttributeError):
+        return platform.processor() or platform.machine()
 
 
 def _ratio(dense: float, pruned: float) -> float | None:
