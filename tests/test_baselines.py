@@ -9,7 +9,8 @@ import torch
 from helpers import compose_train, error_line, run_train, train_dense
 from safetensors.torch import load_file
 
-from gatedprune.methods.baselines import AStar, Michel, Random, head_counts, search
+from gatedprune.methods.baselines import AStar, Michel, head_counts, search
+from gatedprune.methods.random_draw import Random
 from gatedprune.reports.scoring import token_cross_entropy
 from gatedprune.structures.masking import masked_heads
 from gatedprune.reports.sweep import plot_pareto, summarise

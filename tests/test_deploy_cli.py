@@ -52,7 +52,7 @@ def test_a_conversion_never_replaces_its_source(old_run, tmp_path, capsys):
 
 
 def test_train_refuses_deploy_settings_before_training(model_of):
-    from gatedprune.methods.baselines import Random
+    from gatedprune.methods.random_draw import Random
     from gatedprune.shipping.export import ExportConfig
 
     with pytest.raises(ValueError, match="--quantization int3 is not one of CTranslate2's"):

@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import asdict
 from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import compose_train, error_line, run_train, train_dense
+from helpers import bart_structures, compose_train, error_line, run_train, train_dense
 
 from gatedprune import load_pruned
-from gatedprune.methods.baselines import AStar, Michel, Random
+from gatedprune.costs.build import gate_costs
+from gatedprune.costs.flops import count_flops
+from gatedprune.costs.timers import TIMERS
+from gatedprune.costs.workload import Workload
+from gatedprune.methods.baselines import AStar, Michel
+from gatedprune.methods.random_draw import Random
 from gatedprune.methods.random_draw import param_floor
 from gatedprune.reports.sweep import summarise
 from gatedprune.structures.head_gates import attach_gates, non_embedding_parameters
@@ -45,7 +51,7 @@ def test_heads_only_draws_are_those_recorded_before_other_kinds_existed():
         levels = Random(heads=[9, 0.5, 2], seed=seed).levels(HeadsProbe(HEADS))
         assert [level.kept for level in levels] == kept
         assert [level.name for level in levels] == ["009_heads", "006_heads", "002_heads"]
-        assert all(level.plan is None and level.target_params is None for level in levels)
+        assert all(level.plan is None and level.budget is None for level in levels)
     default = Random()  # the config's heads: null is the half of the heads it always was
     assert default.heads == 0.5 and default.params is None
 
@@ -73,10 +79,10 @@ def test_a_drawn_plan_keeps_at_most_its_budget_and_as_much_of_it_as_a_fill_can(m
     reference, probe = _gated(model_of, family, ffn_group=ffn_group)
     total = non_embedding_parameters(reference)
     levels = Random(kinds=ALL_KINDS, params=[0.9, 0.6, 0.3, 0.15], seed=3).levels(probe)
-    assert [level.target_params for level in levels] == [0.9, 0.6, 0.3, 0.15]
+    assert [level.budget for level in levels] == [0.9, 0.6, 0.3, 0.15]
     for level in levels:
         kept, cut = _kept_by_cutting(reference, level.plan)
-        assert kept <= int(level.target_params * total)
+        assert kept <= int(level.budget * total)
         assert level.info["non_embedding_params_kept"] == kept and level.info["params_kept"] == kept / total
         # as close as a greedy fill gets: nothing it left out (a head, a unit group, a layer) fits in what is left
         gates, dropped = probe.gates, probe.gates.dropped(level.plan)
@@ -96,7 +102,7 @@ def test_a_drawn_plan_keeps_at_most_its_budget_and_as_much_of_it_as_a_fill_can(m
                 # counts (a share of k and v), so the fill leaves room it does not know of
             for first in (u for u in range(0, size, step) if u not in kept_):
                 bigger = {**level.plan, path: sorted([*kept_, *range(first, first + step)])}
-                assert total - removed_parameters(reference, bigger) > int(level.target_params * total), (path, first)
+                assert total - removed_parameters(reference, bigger) > int(level.budget * total), (path, first)
         assert len(cut.get_submodule(gates.layers_paths["decoder_layer"])) >= 1
 
 
@@ -159,6 +165,62 @@ def test_heads_only_at_a_parameter_budget(model_of):
     assert level.name == "params_0.8" and str(level) == "params 0.8"
 
 
+WORKLOAD = Workload(source_tokens=6, target_tokens=4, batch=1, repeats=1)
+# seconds per structure of each kind, and per call, that the fake timer charges (never real timings in a test)
+FAKE = {"encoder": 3e-4, "decoder": 5e-4, "cross": 4e-4, "encoder_ffn": 2e-5, "decoder_ffn": 3e-5,
+        "encoder_layer": 1e-3, "decoder_layer": 2e-3}
+
+
+def _fake_timer(models, workload):
+    return [0.01 + sum(FAKE[k] * n for k, n in bart_structures(model).items()) for model in models]
+
+
+def _generate(model):
+    src = torch.randint(3, model.config.vocab_size - 1, (WORKLOAD.batch, WORKLOAD.source_tokens),
+                        generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model.generate(input_ids=src, attention_mask=torch.ones_like(src), max_new_tokens=WORKLOAD.target_tokens,
+                       min_new_tokens=WORKLOAD.target_tokens, num_beams=1, do_sample=False)
+
+
+def _cut(reference, plan):
+    cut = copy.deepcopy(reference).eval()
+    prune_heads(cut, plan)
+    return cut
+
+
+def test_a_flops_draw_keeps_at_most_its_budget_as_torch_counts_flops(model_of):
+    reference, probe = _gated(model_of, "bart")
+    gate_costs("flops", probe.model, probe.gates, WORKLOAD)
+    floor = probe.gates.costs["flops"].floor
+    budgets = [0.9, round(floor + (1 - floor) / 3, 4)]
+    levels = Random(kinds=ALL_KINDS, flops=budgets, seed=2).levels(probe)
+    assert [level.name for level in levels] == [f"flops_{b:g}" for b in budgets]
+    dense = count_flops(_generate, reference.eval())
+    for level in levels:
+        measured = count_flops(_generate, _cut(reference, level.plan)) / dense  # torch's counter, not the formula
+        assert measured <= level.budget and level.info["flops_kept"] == pytest.approx(measured, rel=1e-9)
+        assert level.info["target_flops"] == level.budget
+    assert levels[1].info["flops_kept"] < levels[0].info["flops_kept"]
+
+
+def test_a_latency_draw_keeps_at_most_its_budget_of_the_fitted_latency(model_of, monkeypatch):
+    reference, probe = _gated(model_of, "bart")
+    gate_costs("latency", probe.model, probe.gates, WORKLOAD, timer=_fake_timer)  # the fit recovers FAKE exactly
+    dense = _fake_timer([reference], WORKLOAD)[0]
+    for seed in range(3):
+        for level in Random(kinds=ALL_KINDS, latency=[0.8, 0.45], seed=seed).levels(probe):
+            cut = _cut(reference, level.plan)
+            kept = _fake_timer([cut], WORKLOAD)[0] / dense  # what the timer charges the cut model
+            assert kept <= level.budget + 1e-9 and level.info["latency_kept"] == pytest.approx(kept)
+            assert len(cut.model.decoder.layers) >= 1 and level.name == f"latency_{level.budget:g}"
+    module = SimpleNamespace(gates=probe.gates, model=probe.model, teacher=None)
+    monkeypatch.setitem(TIMERS, "torch", _fake_timer)  # what prepare's fit times with
+    with pytest.raises(ValueError, match=r"^pruning.latency=0.01 is below what removing every gated structure "
+                                         r"reaches \(0\.\d+ of the dense model's predicted latency"):
+        Random(kinds=ALL_KINDS, latency=0.01, workload=asdict(WORKLOAD)).prepare(module, None)
+
+
 @pytest.mark.parametrize("method", [Michel, AStar])
 def test_michel_and_astar_refuse_other_kinds_in_one_line(method):
     with pytest.raises(ValueError) as refused:
@@ -170,9 +232,16 @@ def test_michel_and_astar_refuse_other_kinds_in_one_line(method):
 @pytest.mark.parametrize("settings, message", [
     ({"kinds": ALL_KINDS, "heads": 12}, ("pruning.heads=12 while pruning.kinds names encoder_ffn, decoder_ffn, "
                                          "encoder_layer, decoder_layer: random then draws every gated structure at "
-                                         "parameter budgets; allowed: pruning.heads=null and pruning.params=")),
+                                         "cost budgets; allowed: pruning.heads=null and one of pruning.params, pruning.flops, pruning.latency=")),
     ({"heads": 12, "params": 0.5}, "pruning.heads=12 while pruning.params=0.5 is set"),
     ({"kinds": ALL_KINDS, "params": 1.5}, "pruning.params=1.5; allowed: one or more fractions in (0, 1)"),
+    ({"kinds": ALL_KINDS, "latency": [0.5, 2]}, "pruning.latency=[0.5, 2]; allowed: one or more fractions in (0, 1) "
+                                                "of the predicted latency kept"),
+    ({"kinds": ALL_KINDS, "params": 0.5, "flops": 0.5}, "pruning.params=0.5 and pruning.flops=0.5: random draws at "
+                                                        "one cost; allowed: one of them, the others null"),
+    ({"heads": 12, "latency": 0.5}, "pruning.heads=12 while pruning.latency=0.5 is set"),
+    ({"kinds": ALL_KINDS, "params": 0.5, "workload": {"table": "fit.json"}},
+     "pruning.workload.table=fit.json is a latency fit, which only pruning.latency uses"),
     ({"kinds": ALL_KINDS, "params": []}, "pruning.params=[]; allowed: one or more fractions in (0, 1)"),
     ({"kinds": ALL_KINDS, "params": [0.5, 0.5]}, "pruning.params=[0.5, 0.5] names a budget twice"),
 ])

@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from helpers import bart_structures, error_line, run_train
+from helpers import bart_structures, error_line, run_train, train_dense
 from gatedprune import load_pruned
 from gatedprune.costs.flops import count_flops
 from gatedprune.costs.table import read
@@ -23,6 +23,9 @@ SMALL = ("pruning.workload.source_tokens=6", "pruning.workload.target_tokens=4",
 # seconds per structure of each kind, and per call, that the run's timer charges (never real timings in a test)
 FAKE = {"encoder": 3e-4, "decoder": 5e-4, "cross": 4e-4, "encoder_ffn": 2e-5, "decoder_ffn": 3e-5,
         "encoder_layer": 1e-3, "decoder_layer": 2e-3}
+# the dense smoke model's structures (conf/experiment/smoke.yaml: 2 + 2 layers, 4 heads, FFN 64)
+SMOKE_STRUCTURES = {"encoder": 8, "decoder": 8, "cross": 8, "encoder_ffn": 128, "decoder_ffn": 128, "encoder_layer": 2,
+                    "decoder_layer": 2}
 FAKE_TIMER = (  # run before train.py: generate() is never timed, the fit gets these numbers
     "import gatedprune.costs.timers as timers",
     "from gatedprune.costs.counts import features",
@@ -45,9 +48,7 @@ def test_a_latency_target_is_measured_cached_and_met(tmp_path):
     assert metrics["target_latency"] == 0.6 and metrics["costs"]["source"] == "measured"
     # the prediction, recomputed here from the timer's own numbers and the structures the export kept
     price = lambda n: 0.01 + sum(FAKE[k] * n[k] for k in ALL_KINDS)  # noqa: E731
-    dense = {"encoder": 8, "decoder": 8, "cross": 8, "encoder_ffn": 128, "decoder_ffn": 128, "encoder_layer": 2,
-             "decoder_layer": 2}  # conf/experiment/smoke.yaml: 2 + 2 layers, 4 heads, FFN 64
-    kept = price(bart_structures(load_pruned(run / "pruned"))) / price(dense)
+    kept = price(bart_structures(load_pruned(run / "pruned"))) / price(SMOKE_STRUCTURES)
     assert report["predicted"]["latency"] == pytest.approx(kept) and kept <= 0.6
     assert report["predicted"]["speed_up"] == pytest.approx(1 / kept)
 
@@ -82,3 +83,28 @@ def test_a_cost_target_below_the_floor_is_refused_in_one_line(tmp_path, target):
     assert proc.returncode == 2
     assert f"pruning.{target}=0.01 is below what removing every gated structure reaches" in error_line(proc)
     assert not (tmp_path / "run").exists()
+
+
+def test_random_draws_at_the_latency_the_gated_forks_are_budgeted_with(tmp_path):
+    dense = train_dense(tmp_path / "dense")
+    run = tmp_path / "random"
+    proc = run_train(run, f"resume={dense}", "pruning=random", "pruning.latency=[0.7,0.5]", EVERY_KIND, *SMALL,
+                     prefix=FAKE_TIMER)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (cached,) = (dense / "checkpoints").glob("latency-*.json")  # beside the checkpoint forked: shared by its forks
+    assert read(cached)[1].coefficients == pytest.approx(FAKE)
+    price = lambda n: 0.01 + sum(FAKE[k] * n[k] for k in ALL_KINDS)  # noqa: E731
+    dense_price = price(SMOKE_STRUCTURES)
+    for budget in (0.7, 0.5):
+        metrics = json.loads((run / "levels" / f"latency_{budget}" / "metrics.json").read_text())
+        kept = price(bart_structures(load_pruned(run / "levels" / f"latency_{budget}" / "pruned"))) / dense_price
+        assert kept <= budget and metrics["export"]["predicted"]["latency"] == pytest.approx(kept)
+        assert metrics["target_latency"] == budget and metrics["target_params"] is None
+        assert metrics["settings"]["costs"]["source"] == "measured"
+    assert "latency budget" in proc.stdout
+    again = run_train(tmp_path / "random2", f"resume={dense}", "pruning=random", "pruning.latency=[0.6]", "seed=3",
+                      EVERY_KIND, *SMALL, prefix=FAKE_TIMER)
+    assert again.returncode == 0, again.stderr[-3000:]
+    metrics = json.loads((tmp_path / "random2" / "levels" / "latency_0.6" / "metrics.json").read_text())
+    assert metrics["settings"]["costs"] == {**metrics["settings"]["costs"], "source": "cache", "path": str(cached)}
+

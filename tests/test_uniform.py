@@ -14,7 +14,8 @@ from families import FAMILY_CONFIGS
 from helpers import compose_train, run_train
 
 from gatedprune import attach_gates
-from gatedprune.methods.baselines import AStar, Michel, Random
+from gatedprune.methods.baselines import AStar, Michel
+from gatedprune.methods.random_draw import Random
 from gatedprune.methods.budget import CostBudget, HeadBudget
 from gatedprune.methods.gated import L0, L0Budget
 from gatedprune.structures.kinds import ATTENTION_KINDS, FFN_KINDS

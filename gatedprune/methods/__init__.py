@@ -5,8 +5,10 @@ Gates trained with a penalty or a budget (``gated``), and the literature's basel
 (``gatedprune.methods.L0``) working.
 """
 
-from gatedprune.methods.baselines import AStar, Michel, PlanMethod, Random
+from gatedprune.methods.baselines import AStar, Michel, PlanMethod
+from gatedprune.methods.random_draw import Random
 from gatedprune.methods.base import Method
+from gatedprune.methods.even_layers import EvenLayers
 from gatedprune.methods.gated import L0, GatedPruning, L0Budget
 
-__all__ = ["AStar", "GatedPruning", "L0", "L0Budget", "Method", "Michel", "PlanMethod", "Random"]
+__all__ = ["AStar", "EvenLayers", "GatedPruning", "L0", "L0Budget", "Method", "Michel", "PlanMethod", "Random"]

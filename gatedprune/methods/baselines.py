@@ -9,9 +9,8 @@ measure (the model with some heads masked) comes from a ``HeadProbe``, so they n
   layer-normalised), remove the least important in steps of 10% of all heads, optionally re-estimating after each.
 - ``AStar`` (Parnami et al. 2021): remove heads one at a time, the cheapest first, while the validation metric stays
   within a budget; a head's cost in the previous round is a lower bound, which spares most evaluations.
-- ``Random``: keep heads chosen at random with a seed; the floor every method must beat. With a feed-forward or
-  layer kind gated, it draws every gated structure at parameter budgets instead (``random_draw``); Michel and A*
-  score heads only and refuse those kinds.
+- ``Random`` (``gatedprune.methods.random_draw``): keep structures chosen at random with a seed; the floor every
+  method must beat. Michel and A* score heads only and refuse feed-forward and layer kinds.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from gatedprune.methods.base import Method
 from gatedprune.methods.budget import head_count
 from gatedprune.methods.gated import GatedPruning
 from gatedprune.methods.importance import rank_heads
-from gatedprune.methods.random_draw import check_floor, draw_within, param_fractions
 from gatedprune.structures.kinds import ATTENTION_KINDS
 
 Head = tuple[str, int]  # (attention module path, head index)
@@ -56,16 +54,22 @@ class Level:
     heads: int
     kept: list[Head]
     info: dict = field(default_factory=dict)
-    plan: Plan | None = None  # the whole plan (heads, units, layers) of a level drawn at a parameter budget
-    target_params: float | None = None  # that budget: at most this fraction of the non-embedding parameters kept
+    plan: Plan | None = None  # the whole plan (heads, units, layers) of a level drawn at a cost budget
+    budget: float | None = None  # that budget: at most this fraction of the dense model's cost in ``unit`` kept
+    unit: str = "params"  # params (non-embedding), flops or latency (predicted, for pruning.workload)
+    tag: str | None = None  # the name of a level given by its plan alone (pruning=even_layers: decoder_2_of_6)
 
     @property
     def name(self) -> str:
         """Its directory under ``<run>/levels/``."""
-        return f"{self.heads:03d}_heads" if self.target_params is None else f"params_{self.target_params:g}"
+        if self.tag:
+            return self.tag
+        return f"{self.heads:03d}_heads" if self.budget is None else f"{self.unit}_{self.budget:g}"
 
     def __str__(self) -> str:
-        return f"{self.heads} heads" if self.target_params is None else f"params {self.target_params:g}"
+        if self.tag:
+            return self.tag.replace("_", " ")
+        return f"{self.heads} heads" if self.budget is None else f"{self.unit} {self.budget:g}"
 
 
 def head_counts(spec, total: int, name: str) -> list[int]:
@@ -122,8 +126,11 @@ class PlanMethod(Method):
         return saved["gate_kinds"]  # it takes the weights only: the gates the checkpoint has are what must match
 
     def gating(self) -> GatedPruning:
-        # the structures are gated only to be masked: the gates' own training settings do not apply
-        return GatedPruning(kinds=self.kinds, ffn_group=self.ffn_group, distill=self.distill)
+        # the structures are gated only to be masked: the gates' own training settings do not apply. One object, so
+        # the cost-fit directories train.py adds to it (a fork's source) are there when the method costs its plans
+        if getattr(self, "_gating", None) is None:
+            self._gating = GatedPruning(kinds=self.kinds, ffn_group=self.ffn_group, distill=self.distill)
+        return self._gating
 
     def prepare(self, module, saved: dict | None) -> None:
         from gatedprune.methods.plan_run import load_weights
@@ -339,47 +346,3 @@ def search(heads: list[Head], worse: Callable[[list[Head]], float], budget: floa
         path.exhaustive.append(exhaustive)
     return path
 
-
-@dataclass
-class Random(PlanMethod):
-    """Structures drawn at random with ``seed``: the floor every method must beat.
-
-    Heads only (the default kinds, ``params`` null): keep ``heads`` heads (a count, a fraction, or a list of them: one
-    level each); the levels are nested: one permutation of all heads, the first k kept. With a feed-forward or layer
-    kind gated, or ``params`` set: every gated structure is drawn, one level per parameter budget in ``params`` (a
-    fraction of the non-embedding parameters kept, or a list of them; ``pruning=l0_budget``'s ``target_params``), see
-    ``gatedprune.methods.random_draw``."""
-
-    name: ClassVar[str] = "random"
-    heads_only: ClassVar[bool] = False
-    heads: list | int | float | None = None  # null: 0.5 where heads are drawn
-    params: list | float | None = None  # null: 0.5 where another kind is gated
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        others = [kind for kind in self.kinds if kind not in ATTENTION_KINDS]
-        if self.heads is not None and (others or self.params is not None):
-            why = f"pruning.kinds names {', '.join(others)}" if others else f"pruning.params={self.params!r} is set"
-            raise ValueError(f"pruning.heads={self.heads!r} while {why}: random then draws every gated structure at "
-                             "parameter budgets; allowed: pruning.heads=null and pruning.params=<fractions of the "
-                             "non-embedding parameters kept>")
-        if others and self.params is None:
-            self.params = 0.5
-        if self.params is None and self.heads is None:
-            self.heads = 0.5  # as it always was
-        if self.params is not None:
-            param_fractions(self.params)
-
-    def prepare(self, module, saved: dict | None) -> None:
-        if self.params is not None:  # a budget below what the model can reach is refused at set-up
-            check_floor(module.gates, module.model, param_fractions(self.params))
-        super().prepare(module, saved)
-
-    def levels(self, probe: HeadProbe) -> list[Level]:
-        if self.params is not None:
-            return [Level(draw.heads_kept, draw.heads, draw.info, plan=draw.plan, target_params=draw.fraction)
-                    for draw in draw_within(probe.gates, probe.model, param_fractions(self.params), self.seed)]
-        order = torch.randperm(len(probe.heads), generator=torch.Generator().manual_seed(self.seed)).tolist()
-        return [Level(count, sorted(probe.heads[i] for i in order[:count]), {"seed": self.seed})
-                for count in head_counts(self.heads, len(probe.heads), "pruning.heads")]

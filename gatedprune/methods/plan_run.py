@@ -4,8 +4,8 @@ The model comes from ``resume=`` (a dense run or its checkpoint: its weights; an
 ``model=pretrained``. The method asks a ``MaskedModel`` what it needs (loss, BLEU, importance with some heads
 masked) and returns its levels. The levels it exports (all, or those it chooses by their masked validation BLEU)
 go through the same export, verification, reload, test scoring and fine-tuning as a gated run's
-(``finalise.ship``), each into ``<run>/levels/<heads>_heads/`` (``params_<fraction>/`` for a level drawn at a
-parameter budget, which names its whole plan) with its own ``metrics.json``. The run's ``metrics.json`` describes the
+(``finalise.ship``), each into ``<run>/levels/<heads>_heads/`` (``<unit>_<fraction>/``, ``params_0.5/``, for a level
+drawn at a cost budget, which names its whole plan) with its own ``metrics.json``. The run's ``metrics.json`` describes the
 last level exported (the fewest heads, or the smallest budget) and lists every level.
 """
 
@@ -23,6 +23,7 @@ from gatedprune.reports.scoring import corpus_scores, generate, token_cross_entr
 from gatedprune.errors import RunFailed
 from gatedprune.shipping.finalise import UNTUNED, headline, ship, tuning_error
 from gatedprune.methods.importance import head_importance
+from gatedprune.structures.head_gates import COST_UNITS
 from gatedprune.structures.kinds import ATTENTION_KINDS
 from gatedprune.training.module import GatedSeq2Seq
 from gatedprune.training.session import Session
@@ -212,8 +213,9 @@ def level_metrics(level: Level, shipped: dict, ship_seconds: float, *, method: s
         **dict(zip(("kept", "kept_total"), exported_structures(export))),
         "heads_total": totals["total"], "heads_per_kind": totals,
         "params_before": params_before,
-        "l0_lambda": None, "target_heads": level.heads if level.target_params is None else None,
-        "target_params": level.target_params, "settings": settings, "level": level.info,
+        "l0_lambda": None, "target_heads": level.heads if level.plan is None else None,
+        **{f"target_{unit}": level.budget if level.unit == unit else None for unit in COST_UNITS},
+        "settings": settings, "level": level.info,
         "seconds": {"method": seconds, "export_and_score": ship_seconds}, "evaluations": evaluations,
         "checkpoint": checkpoint,
         "dense": {"bleu": dense["validation"]["bleu"], "chrf": dense["validation"]["chrf"],
@@ -221,7 +223,8 @@ def level_metrics(level: Level, shipped: dict, ship_seconds: float, *, method: s
         "test": test or {"note": "no test split: the data source was given none"},
         "export": {"dir": export["dir"], "rule": export["rule"], "heads_kept": export["heads_kept"],
                    **{key: export[key] for key in ("units_kept", "layers_kept") if export.get(key)},
-                   "params": export["params_after"], "verification": export["verification"]},
+                   "params": export["params_after"], "predicted": export.get("predicted"),
+                   "verification": export["verification"]},
         **({"finetune": finetuned} if finetuned else {}),
         "seed": seed, "versions": versions(),
     }
@@ -229,25 +232,28 @@ def level_metrics(level: Level, shipped: dict, ship_seconds: float, *, method: s
 
 def levels_table(metrics: dict) -> str:
     """Every level: heads kept, validation BLEU and loss and test BLEU of the export as verified, and the test BLEU
-    of the fine-tuned model where the levels were fine-tuned; levels drawn at parameter budgets lead with the budget
-    and the fraction of the non-embedding parameters kept."""
+    of the fine-tuned model where the levels were fine-tuned; levels drawn at cost budgets lead with the budget and
+    the fraction of the dense model's cost kept (parameters: counted; FLOPs, latency: predicted)."""
     tuned = any(level.get("test_bleu_finetuned") is not None for level in metrics["levels"])
-    budgets = any(level.get("target_params") is not None for level in metrics["levels"])
+    unit = next((u for u in COST_UNITS if any(level.get(f"target_{u}") is not None for level in metrics["levels"])),
+                None)
 
     def bleu(value) -> str:
         return "-" if value is None else f"{value:.2f}"
 
-    rows = [(*((f"{level['target_params']:g}", f"{level['params_kept']:.4f}") if budgets else ()), level["heads"],
+    budget = (lambda level: (f"{level[f'target_{unit}']:g}", f"{level[f'{unit}_kept']:.4f}")) if unit else (
+        lambda level: ())
+    rows = [(*budget(level), level["heads"],
              *((f"{level['validation']['bleu']:.2f}", f"{level['validation']['loss']:.3f}")
                if "validation" in level else ("-", "-")),
              bleu(level["test_bleu"]), *([bleu(level["test_bleu_finetuned"])] if tuned else []))
             for level in metrics["levels"]]
     dense = metrics["dense"]
     dense_test = metrics["test"]["dense"]["bleu"] if "dense" in metrics["test"] else None
-    rows.insert(0, (*(("-", "1") if budgets else ()), metrics["heads_total"], f"{dense['bleu']:.2f}",
+    rows.insert(0, (*(("-", "1") if unit else ()), metrics["heads_total"], f"{dense['bleu']:.2f}",
                     f"{dense['loss']:.3f}", bleu(dense_test), *(["-"] if tuned else [])))
-    what = "parameter budget, non-embedding parameters and heads kept" if budgets else "heads kept"
+    what = f"{unit} budget, {unit} and heads kept" if unit else "heads kept"
     return (f"{metrics['method']}: {what} per level (first row: the model pruned from)\n"
-            + format_table([*(["params budget", "params kept"] if budgets else []), "heads", "validation BLEU",
+            + format_table([*([f"{unit} budget", f"{unit} kept"] if unit else []), "heads", "validation BLEU",
                             "validation loss", "test BLEU (exported)", *(["test BLEU (fine-tuned)"] if tuned else [])],
                            rows))
