@@ -200,3 +200,59 @@ def test_cost_model_quick_writes_its_page_from_its_own_numbers(tmp_path):
         assert plan["predicted_speed_up"] == pytest.approx(dense["predicted_s"] / plan["predicted_s"])
         assert f"| {plan['plan']} |" in text
     assert all(value >= 0 for value in result["coefficients"].values())
+
+
+def test_speed_quality_grid_gives_every_method_the_same_training_after_the_checkpoint(tmp_path):
+    bench = _load("speed_quality")
+    runs = bench.plan_runs()
+    # 4 methods at 3 latency targets, the 0.5 point at 3 seeds; 3 methods without a target at 3 seeds; 2 from scratch
+    assert len(runs) == 4 * (3 + 2) + 3 * 3 + 2 and len({run.slug for run in runs}) == len(runs)
+    steps = {"checkpoint": 2600, "gated": 300, "finetune": 100}
+    settings = {"heads": 72, "layers": "[2,1]", "workload": {"repeats": 7}}
+    by_name = {(run.method.name, run.target, run.seed): run for run in runs}
+
+    def args(name, target=None, seed=1234):
+        return bench.overrides(by_name[(name, target, seed)], tmp_path / "src", tmp_path / "runs", steps, settings)
+
+    gates = args("gates_all", 0.5)
+    assert "pruning.target_latency=0.5" in gates and "finetune.steps=100" in gates and "gated_steps=300" in gates
+    assert "pruning.workload.repeats=7" in gates and f"resume={tmp_path / 'src/checkpoints/dense.ckpt'}" in gates
+    for other, expected in (("random", "pruning.latency=[0.5]"), ("even_layers", "pruning.decoder_layers=[2,1]"),
+                            ("dense", "pruning.heads=72")):
+        line = args(other, 0.5 if other == "random" else None)
+        assert expected in line and "finetune.steps=400" in line  # gated + fine-tuning steps, all fine-tuning
+    scratch = args("scratch_decoder_1")
+    assert {"resume=null", "dense_steps=3000", "trainer.max_steps=3000"} <= set(scratch)
+    assert not any(a.startswith("pruning.workload") for a in args("even_layers_seqkd"))
+
+
+def test_speed_quality_quick_writes_its_page_from_its_runs(tmp_path):
+    bench = _load("speed_quality")
+    assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "speed_quality.md").read_text()
+    assert f"`.venv/bin/python benchmarks/speed_quality.py --quick --out {tmp_path}`" in text
+    assert (tmp_path / "speed_quality.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    results = json.loads((tmp_path / "speed_quality.json").read_text())
+    rows = results["rows"]
+    # a latency target is measured for real: on a loaded machine the smoke model's floor may pass it, and the run
+    # is then refused at set-up and listed as such
+    refused = {slug.split("-")[0] for slug in results["refused"]}
+    assert refused <= {"gates_all", "random"} and all(f"- {slug}: " in text for slug in results["refused"])
+    labels = {"gates_all": "gates: heads + FFN + layers", "random": "random, same predicted latency"}
+    assert [r["method"] for r in rows] == ["dense checkpoint", *(labels[m] for m in labels if m not in refused),
+                                           "even decoder layers + seq-KD", "dense from scratch, 1 decoder layer",
+                                           "dense, the same training"]
+    runs = Path(results["source"]).parent / "runs"
+    for row in rows[1:]:  # each test BLEU is its run's, each speed-up the dense checkpoint's CPU time over its own
+        level = runs / row["run"].split("/")[0] / (f"levels/{row['point']}" if row["point"] else "") / "metrics.json"
+        assert row["metrics"] == str(level) and row["test_bleu"] == bench.test_bleu(json.loads(level.read_text()))
+        for key in ("transformers b1", "transformers b32", "ct2 float32 b1", "ct2 float32 b32"):
+            assert row[key]["speed_up"] == pytest.approx(rows[0][key]["cpu_s"] / row[key]["cpu_s"])
+    assert all(rows[0][key]["speed_up"] == 1 for key in rows[0] if key.startswith(("transformers", "ct2 float32")))
+    if "gates_all" not in refused:
+        pruned = json.loads((runs / "gates_all-lat0.85-s1234" / "metrics.json").read_text())
+        assert rows[1]["predicted_speed_up"] == pruned["export"]["predicted"]["speed_up"] >= 1 / 0.85 - 1e-9
+    dense = json.loads((runs / "dense-s1234" / "levels" / "024_heads" / "metrics.json").read_text())
+    assert results["checkpoint_test_bleu"] == dense["test"]["dense"]["bleu"] == rows[0]["test_bleu"]
+    for row in rows:
+        assert f"| {row['run']} |" in text

@@ -1,0 +1,381 @@
+"""Test BLEU against measured speed-up: the gates against what a user would pick instead (issue 25, part 5).
+
+Every method starts from one dense checkpoint (``--source``: a run whose ``checkpoints/dense.ckpt`` is the converged
+model, ``experiment=converge``) and gets the same training after it: the gates ``--gated-steps`` gated steps then
+``--finetune-steps`` of fine-tuning their export; the methods that train nothing before their export fine-tune it
+for both (``finetune.steps`` = gated + fine-tuning steps); the dense reference is the checkpoint given exactly that
+training. The smaller dense models trained from scratch take the checkpoint's steps and those after it, in all.
+
+    # train what is missing (one run after the other, one torch thread; a run already done is kept)
+    .venv/bin/python benchmarks/speed_quality.py train --source RUNS/converged --runs RUNS/sq
+    # time every shipped model against the dense one in one process, then write the page, its .json and plot
+    .venv/bin/python benchmarks/speed_quality.py measure --source RUNS/converged --runs RUNS/sq --out docs/speed_quality
+    .venv/bin/python benchmarks/speed_quality.py --quick --out DIR   # both, on the smoke model (the suite's check)
+
+``GRID`` is the table of methods: a new one is a row. A latency target is the predicted latency kept
+(``pruning.target_latency``, ``pruning=random``'s ``pruning.latency``); what each model ships at is then measured:
+greedy, exactly ``--new-tokens`` tokens per sentence, ``generate()`` and CTranslate2 float32, batch 1 (each of
+``--sentences`` sources alone) and batch 32, CPU time, one thread, every model timed in turn (median of repeats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import transformers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ROOT, command_line, machine, versions  # noqa: E402
+from runtimes import Variant, timed  # noqa: E402
+
+from gatedprune import load_pruned  # noqa: E402
+from gatedprune.reports.speed import random_sources  # noqa: E402
+from gatedprune.structures.kinds import ALL_KINDS  # noqa: E402
+from gatedprune.training.checkpoints import load_gated_checkpoint  # noqa: E402
+from gatedprune.utils import atomic_write_text, markdown_table  # noqa: E402
+
+HEADS = "[encoder,decoder,cross]"
+HEADS_FFN = "[encoder,decoder,cross,encoder_ffn,decoder_ffn]"
+EVERY = f"[{','.join(ALL_KINDS)}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One line of the plot: how its runs are launched. ``target``: one run per latency target (``{t}`` in the
+    overrides); ``trains_first``: the gates' own training counts as gated steps, else the export is fine-tuned for
+    gated + fine-tuning steps; ``scratch``: trained from scratch for the checkpoint's steps and those after it."""
+
+    name: str
+    label: str
+    overrides: tuple[str, ...]
+    target: bool = True
+    trains_first: bool = False
+    scratch: bool = False
+    costed: bool = False  # budgets a predicted latency: takes the --workload settings (its fit cached once)
+
+
+GRID = (
+    Method("gates_heads", "gates: heads", ("pruning=l0_budget", f"pruning.kinds={HEADS}", "pruning.target_latency={t}"),
+           trains_first=True, costed=True),
+    Method("gates_heads_ffn", "gates: heads + FFN",
+           ("pruning=l0_budget", f"pruning.kinds={HEADS_FFN}", "pruning.target_latency={t}"), trains_first=True,
+           costed=True),
+    Method("gates_all", "gates: heads + FFN + layers",
+           ("pruning=l0_budget", f"pruning.kinds={EVERY}", "pruning.target_latency={t}"), trains_first=True,
+           costed=True),
+    Method("random", "random, same predicted latency", ("pruning=random", f"pruning.kinds={EVERY}",
+                                                        "pruning.latency=[{t}]"), costed=True),
+    Method("even_layers", "even decoder layers", ("pruning=even_layers", "pruning.decoder_layers={layers}"),
+           target=False),
+    Method("even_layers_seqkd", "even decoder layers + seq-KD",
+           ("pruning=even_layers", "pruning.decoder_layers={layers}", "finetune.targets=dense_greedy"), target=False),
+    Method("scratch_decoder_1", "dense from scratch, 1 decoder layer", ("model.from_scratch.decoder_layers=1",),
+           target=False, scratch=True),
+    Method("scratch_narrow", "dense from scratch, FFN 512, 2 decoder layers",
+           ("model.from_scratch.decoder_layers=2", "model.from_scratch.encoder_ffn_dim=512",
+            "model.from_scratch.decoder_ffn_dim=512"), target=False, scratch=True),
+    Method("dense", "dense, the same training", ("pruning=random", "pruning.heads={heads}"), target=False),
+)
+TARGETS = (0.67, 0.5, 0.33)  # predicted latency kept: about 1.5x, 2x, 3x
+SEEDS = (1234, 1, 2)  # every point at the first; the 2x point (0.5) at all three
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    method: Method
+    target: float | None
+    seed: int
+
+    @property
+    def slug(self) -> str:
+        return f"{self.method.name}{'' if self.target is None else f'-lat{self.target:g}'}-s{self.seed}"
+
+
+def plan_runs(methods=GRID, targets=TARGETS, seeds=SEEDS, scratch: bool = True) -> list[Run]:
+    """Every run of the grid: one seed for every point, all seeds at the 0.5 target (and for the methods that take
+    none); the from-scratch models once each."""
+    runs = []
+    for method in methods:
+        if method.scratch:
+            runs += [Run(method, None, seeds[0])] if scratch else []
+        elif method.target:
+            runs += [Run(method, t, s) for t in targets for s in (seeds if t == 0.5 else seeds[:1])]
+        else:
+            runs += [Run(method, None, s) for s in seeds]
+    return runs
+
+
+def overrides(run: Run, source: Path, runs_dir: Path, steps: dict, settings: dict) -> list[str]:
+    """train.py's command line for ``run``."""
+    gated, tuning, total = steps["gated"], steps["finetune"], steps["checkpoint"] + steps["gated"] + steps["finetune"]
+    fill = {"t": run.target, "heads": settings["heads"], "layers": settings["layers"]}
+    args = [part.format(**fill) for part in run.method.overrides]
+    args += [f"hydra.run.dir={runs_dir / run.slug}", f"seed={run.seed}", *settings.get("extra", ())]
+    if run.method.scratch:  # the same data and schedule, every step dense, then shipped as it is
+        return [*args, "resume=null", f"dense_steps={total}", f"trainer.max_steps={total}"]
+    args += [f"resume={source / 'checkpoints' / 'dense.ckpt'}", f"gated_steps={gated}"]
+    args += [f"pruning.workload.{k}={v}" for k, v in settings["workload"].items()] if run.method.costed else []
+    return [*args, f"finetune.steps={tuning if run.method.trains_first else gated + tuning}"]
+
+
+def train_missing(runs: list[Run], source: Path, runs_dir: Path, steps: dict, settings: dict) -> dict:
+    """Run train.py for each run without a metrics.json; a target below a method's floor is noted, not a failure."""
+    refused_path = runs_dir / "refused.json"
+    refused = json.loads(refused_path.read_text()) if refused_path.is_file() else {}
+    env = _env()
+    for i, run in enumerate(runs):
+        if (runs_dir / run.slug / "metrics.json").is_file() or run.slug in refused:
+            continue
+        args = overrides(run, source, runs_dir, steps, settings)
+        print(f"[{i + 1}/{len(runs)}] {run.slug}: train.py {' '.join(args)}", flush=True)
+        proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], env=env, capture_output=True, text=True)
+        error = next((line for line in proc.stderr.splitlines() if line.startswith("error: ")), "")
+        if proc.returncode == 2 and "below what removing every gated structure reaches" in error:
+            refused[run.slug] = error.removeprefix("error: ")
+            atomic_write_text(refused_path, json.dumps(refused, indent=2) + "\n")
+            print(f"  refused: {refused[run.slug]}")
+        elif proc.returncode != 0:
+            raise SystemExit(f"{run.slug} failed (exit {proc.returncode}): {error or proc.stderr[-2000:]}")
+    return refused
+
+
+def _env() -> dict:
+    """One torch thread per run (two 2-thread processes on 2 cores slow each other several-fold), offline."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}
+
+
+def shipped(run_dir: Path) -> list[tuple[str, Path, Path]]:
+    """(point, model directory, its metrics.json) of what a run ships: its fine-tuned export, else its export."""
+    level_dirs = sorted((run_dir / "levels").glob("*/metrics.json"))
+    out = []
+    for path in level_dirs or [run_dir / "metrics.json"]:
+        model = path.parent / ("pruned_finetuned" if (path.parent / "pruned_finetuned").is_dir() else "pruned")
+        out.append((path.parent.name if level_dirs else "", model, path))
+    return out
+
+
+def test_bleu(metrics: dict) -> float:
+    test = metrics["test"]
+    return (test.get("pruned") or test["dense"])["bleu"]
+
+
+def measure(runs: list[Run], source: Path, runs_dir: Path, timing: dict) -> dict:
+    """Every shipped model and the dense checkpoint, converted to CTranslate2, timed in turn; one row each."""
+    with tempfile.TemporaryDirectory(prefix="speed-quality-") as work:  # the CTranslate2 conversions
+        return _measure(runs, source, runs_dir, timing, Path(work))
+
+
+def _measure(runs: list[Run], source: Path, runs_dir: Path, timing: dict, work: Path) -> dict:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source / "tokenizer")
+    dense, gates = load_gated_checkpoint(source / "checkpoints" / "dense.ckpt")
+    gates.remove()
+    variants, rows = [Variant("dense checkpoint", dense, tokenizer, work, onnx=False)], []
+    rows.append({"method": "dense checkpoint", "run": str(source), "point": "", "seed": None, "target": None,
+                 "test_bleu": None, "params": variants[0].params, "predicted_speed_up": 1.0, "variant": 0})
+    for run in runs:
+        if not (runs_dir / run.slug / "metrics.json").is_file():
+            continue
+        for point, model_dir, metrics_path in shipped(runs_dir / run.slug):
+            metrics = json.loads(metrics_path.read_text())
+            name = f"{run.slug}/{point}" if point else run.slug
+            variants.append(Variant(name.replace("/", "-"), load_pruned(model_dir), tokenizer, work, onnx=False))
+            predicted = ((metrics.get("export") or {}).get("predicted") or {}).get("speed_up")
+            rows.append({"method": run.method.label, "run": name, "metrics": str(metrics_path), "point": point,
+                         "seed": run.seed,
+                         "target": run.target, "test_bleu": test_bleu(metrics), "params": variants[-1].params,
+                         "predicted_speed_up": predicted, "variant": len(variants) - 1})
+    sources = random_sources(dense, 32, timing["source_tokens"]).tolist()
+    times = {}
+    for batch in (1, 32):
+        batches = [[s] for s in sources[: timing["sentences"]]] if batch == 1 else [sources]
+        times[batch] = timed(variants, ["transformers", "ct2 float32"], batches, 1, timing["new_tokens"],
+                             timing["repeats"])
+        print(f"batch {batch} timed", file=sys.stderr, flush=True)
+    for row in rows:
+        name = variants[row.pop("variant")].name
+        for batch, cells in times.items():
+            for runtime in ("transformers", "ct2 float32"):
+                reference, mine = cells[(variants[0].name, runtime)], cells[(name, runtime)]
+                row[f"{runtime} b{batch}"] = {"cpu_s": mine.cpu, "wall_s": mine.wall, "speed_up": reference.cpu / mine.cpu}
+        # CTranslate2 against generate(): what the runtime alone adds
+        row["ct2_over_generate_b1"] = times[1][(variants[0].name, "transformers")].cpu / times[1][(name, "ct2 float32")].cpu
+    return {"rows": rows}
+
+
+def summary(results: dict) -> dict:
+    """The references and, per method and point, the mean and spread over seeds."""
+    rows = [r for r in results["rows"] if r["seed"] is not None]
+    dense = [r["test_bleu"] for r in rows if r["method"] == "dense, the same training"]
+    points: dict = {}
+    for row in rows:
+        points.setdefault((row["method"], row["target"], row["point"]), []).append(row)
+    means = []
+    for (method, target, point), group in points.items():
+        bleu = torch.tensor([r["test_bleu"] for r in group], dtype=torch.float64)
+        speed = {key: sum(r[key]["speed_up"] for r in group) / len(group)
+                 for key in ("transformers b1", "transformers b32", "ct2 float32 b1", "ct2 float32 b32")}
+        means.append({"method": method, "target": target, "point": point, "seeds": len(group),
+                      "test_bleu": bleu.mean().item(), "test_bleu_sd": bleu.std().item() if len(group) > 1 else None,
+                      **speed})
+    reference = sum(dense) / len(dense) if dense else None
+    checkpoint = results["checkpoint_test_bleu"]
+    target_met = [m for m in means if checkpoint is not None and m["transformers b1"] >= 2
+                  and m["test_bleu"] >= checkpoint - 0.5]
+    return {"dense_same_training": reference, "points": means, "target_met": target_met}
+
+
+def plot(results: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = summary(results)["points"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for ax, key, title in ((axes[0], "transformers b1", "generate(), batch 1"),
+                           (axes[1], "ct2 float32 b1", "CTranslate2 float32, batch 1 (against dense generate())")):
+        for method in dict.fromkeys(p["method"] for p in points):
+            mine = sorted((p for p in points if p["method"] == method), key=lambda p: p[key])
+            x = [p[key] if key.startswith("transformers") else p[key] * results["ct2_gain_b1"] for p in mine]
+            ax.errorbar(x, [p["test_bleu"] for p in mine], yerr=[p["test_bleu_sd"] or 0 for p in mine], marker="o",
+                        capsize=3, label=method)
+        ax.axhline(results["checkpoint_test_bleu"], color="k", lw=0.8)
+        ax.axhline(results["checkpoint_test_bleu"] - 0.5, color="k", lw=0.8, ls="--")
+        ax.axvline(2, color="grey", lw=0.6, ls=":")
+        ax.set_xlabel("measured speed-up over the dense model (CPU time, one thread)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("test BLEU (solid: the dense checkpoint; dashed: 0.5 below)")
+    axes[1].legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def render(results: dict) -> str:
+    s = summary(results)
+    fmt = lambda v, spec=".2f": "-" if v is None else format(v, spec)  # noqa: E731
+    lines = [f"Measured with `{results['command']}` ({results['machine']}; {results['versions']}).", "",
+             f"From `{results['source']}` (dense checkpoint at step {results['checkpoint_step']}, test BLEU "
+             f"{results['checkpoint_test_bleu']:.2f}); after it every method trains {results['steps']['gated']} + "
+             f"{results['steps']['finetune']} steps (gated + fine-tuning; the others fine-tune for both), the dense "
+             f"model given the same: test BLEU {fmt(s['dense_same_training'])}. Speed-up: CPU time of the dense "
+             f"checkpoint's `generate()` over this model's, greedy, {results['timing']['new_tokens']} tokens per "
+             f"sentence, one thread, every model timed in turn (median of {results['timing']['repeats']}); "
+             f"CTranslate2 columns against the dense model in CTranslate2 (CTranslate2 alone: "
+             f"{results['ct2_gain_b1']:.2f}x at batch 1). Test split, greedy.", ""]
+    header = ["method", "target", "point", "seeds", "test BLEU", "generate() b1", "b32", "ct2 b1", "ct2 b32"]
+    rows = [(p["method"], fmt(p["target"], "g"), p["point"] or "-", p["seeds"],
+             fmt(p["test_bleu"]) + (f" ± {p['test_bleu_sd']:.2f}" if p["test_bleu_sd"] is not None else ""),
+             *(f"{p[k]:.2f}x" for k in ("transformers b1", "transformers b32", "ct2 float32 b1", "ct2 float32 b32")))
+            for p in s["points"]]
+    lines += [markdown_table(header, rows), "![test BLEU against measured speed-up](speed_quality.png)", ""]
+    met = s["target_met"]
+    lines.append("**Target (at least 2x greedy batch 1, within 0.5 BLEU of the dense checkpoint): "
+                 + ("met by " + ", ".join(f"{m['method']} ({m['transformers b1']:.2f}x, {m['test_bleu']:.2f})"
+                                            for m in met) if met else "missed") + ".**")
+    if results.get("refused"):
+        lines += ["", "Targets a method cannot reach (refused at set-up, nothing trained):", ""]
+        lines += [f"- {slug}: {why}" for slug, why in results["refused"].items()]
+    lines += ["", "Every model (seed by seed):", ""]
+    lines.append(markdown_table(
+        ["run", "test BLEU", "params", "predicted", "generate() b1", "b32", "ct2 b1", "ct2 b32"],
+        [(r["run"], fmt(r["test_bleu"]), f"{r['params']:,}", fmt(r["predicted_speed_up"]) + ("x" if r["predicted_speed_up"] else ""),
+          *(f"{r[k]['speed_up']:.2f}x" for k in ("transformers b1", "transformers b32", "ct2 float32 b1",
+                                                  "ct2 float32 b32"))) for r in results["rows"]]))
+    return "\n".join(lines)
+
+
+def checkpoint_facts(source: Path) -> dict:
+    saved = torch.load(source / "checkpoints" / "dense.ckpt", map_location="cpu", weights_only=True)
+    model, gates = load_gated_checkpoint(source / "checkpoints" / "dense.ckpt")
+    layers = model.config.decoder_layers
+    return {"step": int(saved["global_step"]), "heads": gates.num_heads,
+            "layers": "[" + ",".join(map(str, range(layers - 1, 0, -1))) + "]"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("stage", nargs="?", choices=("train", "measure"), help="omit with --quick (both)")
+    parser.add_argument("--source", type=Path, help="the run whose checkpoints/dense.ckpt every method starts from")
+    parser.add_argument("--runs", type=Path, help="where the grid's runs go (one directory each)")
+    parser.add_argument("--only", nargs="+", default=None, help="methods of GRID to train (default: all)")
+    parser.add_argument("--no-scratch", action="store_true", help="leave out the from-scratch dense models")
+    parser.add_argument("--gated-steps", type=int, default=300)
+    parser.add_argument("--finetune-steps", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=7, help="timed calls per model (and in the latency fit)")
+    parser.add_argument("--sentences", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--quick", action="store_true", help="the smoke model, a few runs, both stages")
+    parser.add_argument("--out", type=Path, default=None, help="DIR: writes DIR/speed_quality.{md,json,png}")
+    args = parser.parse_args(argv)
+    extra, workload, methods, targets, seeds = [], {"repeats": args.repeats}, GRID, TARGETS, SEEDS
+    if args.quick:
+        # the runs beside the page (the suite's tmp_path), else in a temporary directory removed at the end
+        work = args.out / "quick-runs" if args.out else Path(tempfile.mkdtemp(prefix="speed-quality-quick-"))
+        args.source, args.runs = work / "dense", work / "runs"
+        proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", "trainer.max_steps=10",
+                               f"hydra.run.dir={args.source}"], capture_output=True, text=True, env=_env())
+        if proc.returncode:
+            raise SystemExit(f"the smoke dense run failed: {proc.stderr[-2000:]}")
+        extra = ["experiment=smoke", "data.max_train_pairs=60"]
+        workload = {"repeats": 1, "source_tokens": 6, "target_tokens": 4}
+        args.gated_steps, args.finetune_steps, args.repeats, args.sentences, args.new_tokens = 10, 2, 1, 2, 8
+        methods = [m for m in GRID if m.name in ("gates_all", "random", "even_layers_seqkd", "scratch_decoder_1",
+                                                 "dense")]
+        targets, seeds = (0.85,), (1234,)  # the smoke model's floor is high: per-call time dominates it
+    elif args.stage is None or args.source is None or args.runs is None:
+        parser.error("train or measure, with --source and --runs (or --quick)")
+    if args.only:
+        unknown = sorted(set(args.only) - {m.name for m in GRID})
+        if unknown:
+            parser.error(f"--only names {', '.join(unknown)}; allowed: {', '.join(m.name for m in GRID)}")
+        methods = [m for m in methods if m.name in args.only]
+    facts = checkpoint_facts(args.source)
+    steps = {"checkpoint": facts["step"], "gated": args.gated_steps, "finetune": args.finetune_steps}
+    settings = {"heads": facts["heads"], "layers": facts["layers"], "extra": extra, "workload": workload}
+    runs = plan_runs(methods, targets, seeds, scratch=not args.no_scratch)
+    args.runs.mkdir(parents=True, exist_ok=True)
+    refused = {}
+    if args.quick or args.stage == "train":
+        refused = train_missing(runs, args.source, args.runs, steps, settings)
+        if not args.quick:
+            return 0
+    refused_path = args.runs / "refused.json"
+    refused = json.loads(refused_path.read_text()) if refused_path.is_file() else refused
+    timing = {"repeats": args.repeats, "sentences": args.sentences, "new_tokens": args.new_tokens, "source_tokens": 32}
+    results = measure(runs, args.source, args.runs, timing)
+    # the checkpoint's own test BLEU, as the runs that prune it scored it (the model pruned from)
+    checkpoint_bleu = next((json.loads((args.runs / run.slug / "metrics.json").read_text())["test"]["dense"]["bleu"]
+                            for run in runs if not run.method.scratch
+                            and (args.runs / run.slug / "metrics.json").is_file()), None)
+    results["rows"][0]["test_bleu"] = checkpoint_bleu
+    results.update(command=command_line("speed_quality.py", sys.argv[1:] if argv is None else argv),
+                   machine=machine(), versions=versions(), source=str(args.source), checkpoint_step=facts["step"],
+                   checkpoint_test_bleu=checkpoint_bleu, steps=steps, timing=timing, refused=refused,
+                   ct2_gain_b1=results["rows"][0]["ct2_over_generate_b1"])
+    page = "# Speed against quality (issue 25, part 5)\n\n" + render(results)
+    print(page)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        plot(results, args.out / "speed_quality.png")
+        atomic_write_text(args.out / "speed_quality.json", json.dumps(results, indent=2) + "\n")
+        atomic_write_text(args.out / "speed_quality.md", page + "\n")
+    elif args.quick:
+        shutil.rmtree(args.source.parent, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
