@@ -38,6 +38,8 @@ from common import ROOT, command_line, machine, versions  # noqa: E402
 from runtimes import Variant, timed  # noqa: E402
 
 from gatedprune import load_pruned  # noqa: E402
+from gatedprune.costs.build import latency_cost  # noqa: E402
+from gatedprune.costs.workload import Workload  # noqa: E402
 from gatedprune.reports.speed import random_sources  # noqa: E402
 from gatedprune.structures.kinds import ALL_KINDS  # noqa: E402
 from gatedprune.training.checkpoints import load_gated_checkpoint  # noqa: E402
@@ -101,17 +103,19 @@ class Run:
 
 
 def plan_runs(methods=GRID, targets=TARGETS, seeds=SEEDS, scratch: bool = True) -> list[Run]:
-    """Every run of the grid: one seed for every point, all seeds at the 0.5 target (and for the methods that take
-    none); the from-scratch models once each."""
-    runs = []
+    """Every run of the grid, in the order they are trained: each point at the first seed, then the other seeds
+    (every seed at the 0.5 target, and for the methods that take none), then the from-scratch models (once each:
+    the longest)."""
+    first, more, last = [], [], []
     for method in methods:
         if method.scratch:
-            runs += [Run(method, None, seeds[0])] if scratch else []
-        elif method.target:
-            runs += [Run(method, t, s) for t in targets for s in (seeds if t == 0.5 else seeds[:1])]
-        else:
-            runs += [Run(method, None, s) for s in seeds]
-    return runs
+            last += [Run(method, None, seeds[0])] if scratch else []
+            continue
+        for target in (targets if method.target else (None,)):
+            first.append(Run(method, target, seeds[0]))
+            if target in (0.5, None):
+                more += [Run(method, target, seed) for seed in seeds[1:]]
+    return first + more + last
 
 
 def overrides(run: Run, source: Path, runs_dir: Path, steps: dict, settings: dict) -> list[str]:
@@ -121,22 +125,38 @@ def overrides(run: Run, source: Path, runs_dir: Path, steps: dict, settings: dic
     args = [part.format(**fill) for part in run.method.overrides]
     args += [f"hydra.run.dir={runs_dir / run.slug}", f"seed={run.seed}", *settings.get("extra", ())]
     if run.method.scratch:  # the same data and schedule, every step dense, then shipped as it is
-        return [*args, "resume=null", f"dense_steps={total}", f"trainer.max_steps={total}"]
+        return [*args, "resume=auto", f"dense_steps={total}", f"trainer.max_steps={total}"]
     args += [f"resume={source / 'checkpoints' / 'dense.ckpt'}", f"gated_steps={gated}"]
     args += [f"pruning.workload.{k}={v}" for k, v in settings["workload"].items()] if run.method.costed else []
     return [*args, f"finetune.steps={tuning if run.method.trains_first else gated + tuning}"]
 
 
-def train_missing(runs: list[Run], source: Path, runs_dir: Path, steps: dict, settings: dict) -> dict:
-    """Run train.py for each run without a metrics.json; a target below a method's floor is noted, not a failure."""
+def fit_latency_once(source: Path, workload: dict) -> dict:
+    """The latency fit every costed run of the grid uses, measured here before any of them starts (on a quiet
+    machine) and cached beside the checkpoint, where the runs look it up (``gatedprune.costs.build``)."""
+    model, _ = load_gated_checkpoint(source / "checkpoints" / "dense.ckpt")  # gated, as a run's model is
+    _, info = latency_cost(model, Workload(**workload), [source / "checkpoints"])
+    print(f"latency fit: {info['source']} ({info['path']})", flush=True)
+    return info
+
+
+def train_missing(runs: list[Run], source: Path, runs_dir: Path, steps: dict, settings: dict,
+                  worker: tuple[int, int] = (0, 1)) -> dict:
+    """Run train.py for each run without a metrics.json (worker i of n: every n-th run from the i-th, so that n
+    processes share a grid); a target below a method's floor is noted, not a failure."""
     refused_path = runs_dir / "refused.json"
     refused = json.loads(refused_path.read_text()) if refused_path.is_file() else {}
     env = _env()
-    for i, run in enumerate(runs):
+    mine = [run for i, run in enumerate(runs) if i % worker[1] == worker[0]]
+    if any(run.method.costed for run in mine):
+        fit_latency_once(source, settings["workload"])
+    for i, run in enumerate(mine):
         if (runs_dir / run.slug / "metrics.json").is_file() or run.slug in refused:
             continue
+        if not run.method.scratch:  # a fork cut off before its end starts again; a from-scratch run goes on
+            shutil.rmtree(runs_dir / run.slug, ignore_errors=True)
         args = overrides(run, source, runs_dir, steps, settings)
-        print(f"[{i + 1}/{len(runs)}] {run.slug}: train.py {' '.join(args)}", flush=True)
+        print(f"[{i + 1}/{len(mine)}] {run.slug}: train.py {' '.join(args)}", flush=True)
         proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], env=env, capture_output=True, text=True)
         error = next((line for line in proc.stderr.splitlines() if line.startswith("error: ")), "")
         if proc.returncode == 2 and "below what removing every gated structure reaches" in error:
@@ -317,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7, help="timed calls per model (and in the latency fit)")
     parser.add_argument("--sentences", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--worker", default="0/1", help="i/n: train every n-th run from the i-th (n processes)")
     parser.add_argument("--quick", action="store_true", help="the smoke model, a few runs, both stages")
     parser.add_argument("--out", type=Path, default=None, help="DIR: writes DIR/speed_quality.{md,json,png}")
     args = parser.parse_args(argv)
@@ -349,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     args.runs.mkdir(parents=True, exist_ok=True)
     refused = {}
     if args.quick or args.stage == "train":
-        refused = train_missing(runs, args.source, args.runs, steps, settings)
+        index, count = (int(part) for part in args.worker.split("/"))
+        refused = train_missing(runs, args.source, args.runs, steps, settings, (index, count))
         if not args.quick:
             return 0
     refused_path = args.runs / "refused.json"

@@ -222,7 +222,10 @@ def test_speed_quality_grid_gives_every_method_the_same_training_after_the_check
         line = args(other, 0.5 if other == "random" else None)
         assert expected in line and "finetune.steps=400" in line  # gated + fine-tuning steps, all fine-tuning
     scratch = args("scratch_decoder_1")
-    assert {"resume=null", "dense_steps=3000", "trainer.max_steps=3000"} <= set(scratch)
+    assert {"resume=auto", "dense_steps=3000", "trainer.max_steps=3000"} <= set(scratch)  # a cut-off run goes on
+    # every point at the first seed first, the from-scratch models last
+    firsts = 4 * 3 + 3
+    assert {run.seed for run in runs[:firsts]} == {1234} and all(run.method.scratch for run in runs[-2:])
     assert not any(a.startswith("pruning.workload") for a in args("even_layers_seqkd"))
 
 
@@ -240,8 +243,8 @@ def test_speed_quality_quick_writes_its_page_from_its_runs(tmp_path):
     assert refused <= {"gates_all", "random"} and all(f"- {slug}: " in text for slug in results["refused"])
     labels = {"gates_all": "gates: heads + FFN + layers", "random": "random, same predicted latency"}
     assert [r["method"] for r in rows] == ["dense checkpoint", *(labels[m] for m in labels if m not in refused),
-                                           "even decoder layers + seq-KD", "dense from scratch, 1 decoder layer",
-                                           "dense, the same training"]
+                                           "even decoder layers + seq-KD", "dense, the same training",
+                                           "dense from scratch, 1 decoder layer"]
     runs = Path(results["source"]).parent / "runs"
     for row in rows[1:]:  # each test BLEU is its run's, each speed-up the dense checkpoint's CPU time over its own
         level = runs / row["run"].split("/")[0] / (f"levels/{row['point']}" if row["point"] else "") / "metrics.json"
@@ -252,6 +255,7 @@ def test_speed_quality_quick_writes_its_page_from_its_runs(tmp_path):
     if "gates_all" not in refused:
         pruned = json.loads((runs / "gates_all-lat0.85-s1234" / "metrics.json").read_text())
         assert rows[1]["predicted_speed_up"] == pruned["export"]["predicted"]["speed_up"] >= 1 / 0.85 - 1e-9
+        assert pruned["costs"]["source"] == "cache"  # the fit the script measured before the runs
     dense = json.loads((runs / "dense-s1234" / "levels" / "024_heads" / "metrics.json").read_text())
     assert results["checkpoint_test_bleu"] == dense["test"]["dense"]["bleu"] == rows[0]["test_bleu"]
     for row in rows:
