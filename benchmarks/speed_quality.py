@@ -161,6 +161,8 @@ def train_missing(runs: list[Run], source: Path, runs_dir: Path, steps: dict, se
         error = next((line for line in proc.stderr.splitlines() if line.startswith("error: ")), "")
         if proc.returncode == 2 and "below what removing every gated structure reaches" in error:
             refused[run.slug] = error.removeprefix("error: ")
+            if refused_path.is_file():  # another worker's refusals since this one read the file
+                refused = {**json.loads(refused_path.read_text()), **refused}
             atomic_write_text(refused_path, json.dumps(refused, indent=2) + "\n")
             print(f"  refused: {refused[run.slug]}")
         elif proc.returncode != 0:
@@ -341,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the smoke model, a few runs, both stages")
     parser.add_argument("--out", type=Path, default=None, help="DIR: writes DIR/speed_quality.{md,json,png}")
     args = parser.parse_args(argv)
-    extra, workload, methods, targets, seeds = [], {"repeats": args.repeats}, GRID, TARGETS, SEEDS
+    # the script times every model itself, side by side: the runs skip their own speed report
+    extra, workload, methods, targets, seeds = ["report.speed=false"], {"repeats": args.repeats}, GRID, TARGETS, SEEDS
     if args.quick:
         # the runs beside the page (the suite's tmp_path), else in a temporary directory removed at the end
         work = args.out / "quick-runs" if args.out else Path(tempfile.mkdtemp(prefix="speed-quality-quick-"))
@@ -350,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
                                f"hydra.run.dir={args.source}"], capture_output=True, text=True, env=_env())
         if proc.returncode:
             raise SystemExit(f"the smoke dense run failed: {proc.stderr[-2000:]}")
-        extra = ["experiment=smoke", "data.max_train_pairs=60"]
+        extra = ["experiment=smoke", "data.max_train_pairs=60", "report.speed=false"]
         workload = {"repeats": 1, "source_tokens": 6, "target_tokens": 4}
         args.gated_steps, args.finetune_steps, args.repeats, args.sentences, args.new_tokens = 10, 2, 1, 2, 8
         methods = [m for m in GRID if m.name in ("gates_all", "random", "even_layers_seqkd", "scratch_decoder_1",
