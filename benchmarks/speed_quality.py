@@ -228,9 +228,11 @@ def _measure(runs: list[Run], source: Path, runs_dir: Path, timing: dict, work: 
         for batch, cells in times.items():
             for runtime in ("transformers", "ct2 float32"):
                 reference, mine = cells[(variants[0].name, runtime)], cells[(name, runtime)]
-                row[f"{runtime} b{batch}"] = {"cpu_s": mine.cpu, "wall_s": mine.wall, "speed_up": reference.cpu / mine.cpu}
+                row[f"{runtime} b{batch}"] = {"cpu_s": mine.cpu, "wall_s": mine.wall,
+                                               "speed_up": reference.cpu / mine.cpu}
         # CTranslate2 against generate(): what the runtime alone adds
-        row["ct2_over_generate_b1"] = times[1][(variants[0].name, "transformers")].cpu / times[1][(name, "ct2 float32")].cpu
+        generate, ct2 = times[1][(variants[0].name, "transformers")], times[1][(name, "ct2 float32")]
+        row["ct2_over_generate_b1"] = generate.cpu / ct2.cpu
     return {"rows": rows}
 
 
@@ -307,13 +309,27 @@ def render(results: dict) -> str:
     lines.append("**Target (at least 2x greedy batch 1, within 0.5 BLEU of the dense checkpoint): "
                  + ("met by " + ", ".join(f"{m['method']} ({m['transformers b1']:.2f}x, {m['test_bleu']:.2f})"
                                             for m in met) if met else "missed") + ".**")
+    checkpoint = results["checkpoint_test_bleu"]
+    fast = [p for p in s["points"] if p["transformers b1"] >= 2]
+    close = [p for p in s["points"] if checkpoint is not None and p["test_bleu"] >= checkpoint - 0.5
+             and p["method"] != "dense, the same training"]
+    if not met and checkpoint is not None:
+        best = max(fast, key=lambda p: p["test_bleu"], default=None)
+        quickest = max(close, key=lambda p: p["transformers b1"], default=None)
+        lines.append("")
+        lines.append("- at 2x or more: " + (f"best {best['test_bleu']:.2f} ({best['method']}, "
+                                           f"{best['transformers b1']:.2f}x), {best['test_bleu'] - checkpoint:+.2f} "
+                                           "BLEU" if best else "no model"))
+        lines.append("- within 0.5 BLEU: " + (f"fastest {quickest['transformers b1']:.2f}x ({quickest['method']})"
+                                              if quickest else "no pruned model"))
     if results.get("refused"):
         lines += ["", "Targets a method cannot reach (refused at set-up, nothing trained):", ""]
         lines += [f"- {slug}: {why}" for slug, why in results["refused"].items()]
     lines += ["", "Every model (seed by seed):", ""]
     lines.append(markdown_table(
         ["run", "test BLEU", "params", "predicted", "generate() b1", "b32", "ct2 b1", "ct2 b32"],
-        [(r["run"], fmt(r["test_bleu"]), f"{r['params']:,}", fmt(r["predicted_speed_up"]) + ("x" if r["predicted_speed_up"] else ""),
+        [(r["run"], fmt(r["test_bleu"]), f"{r['params']:,}",
+          fmt(r["predicted_speed_up"]) + ("x" if r["predicted_speed_up"] else ""),
           *(f"{r[k]['speed_up']:.2f}x" for k in ("transformers b1", "transformers b32", "ct2 float32 b1",
                                                   "ct2 float32 b32"))) for r in results["rows"]]))
     return "\n".join(lines)
