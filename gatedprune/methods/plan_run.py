@@ -4,9 +4,9 @@ The model comes from ``resume=`` (a dense run or its checkpoint: its weights; an
 ``model=pretrained``. The method asks a ``MaskedModel`` what it needs (loss, BLEU, importance with some heads
 masked) and returns its levels. The levels it exports (all, or those it chooses by their masked validation BLEU)
 go through the same export, verification, reload, test scoring and fine-tuning as a gated run's
-(``finalise.ship``), each into ``<run>/levels/<heads>_heads/`` (``<unit>_<fraction>/``, ``params_0.5/``, for a level
-drawn at a cost budget, which names its whole plan) with its own ``metrics.json``. The run's ``metrics.json`` describes the
-last level exported (the fewest heads, or the smallest budget) and lists every level.
+(``finalise.ship``), each into ``<run>/levels/<heads>_heads/`` (``<unit>_<fraction>/``, ``params_0.5/``, for a
+level drawn at a cost budget, which names its whole plan) with its own ``metrics.json``. The run's ``metrics.json``
+describes the last level exported (the fewest heads, or the smallest budget) and lists every level.
 """
 
 from __future__ import annotations
