@@ -151,7 +151,7 @@ def train_missing(runs: list[Run], source: Path, runs_dir: Path, steps: dict, se
     if any(run.method.costed for run in mine):
         fit_latency_once(source, settings["workload"])
     for i, run in enumerate(mine):
-        if (runs_dir / run.slug / "metrics.json").is_file() or run.slug in refused:
+        if done(runs_dir / run.slug) or run.slug in refused:
             continue
         if not run.method.scratch:  # a fork cut off before its end starts again; a from-scratch run goes on
             shutil.rmtree(runs_dir / run.slug, ignore_errors=True)
@@ -168,6 +168,12 @@ def train_missing(runs: list[Run], source: Path, runs_dir: Path, steps: dict, se
         elif proc.returncode != 0:
             raise SystemExit(f"{run.slug} failed (exit {proc.returncode}): {error or proc.stderr[-2000:]}")
     return refused
+
+
+def done(run_dir: Path) -> bool:
+    """A run that finished (its metrics.json is written before its fine-tuning, its status at the very end)."""
+    status = run_dir / "status.json"
+    return status.is_file() and json.loads(status.read_text()).get("status") == "done"
 
 
 def _env() -> dict:
@@ -205,7 +211,7 @@ def _measure(runs: list[Run], source: Path, runs_dir: Path, timing: dict, work: 
     rows.append({"method": "dense checkpoint", "run": str(source), "point": "", "seed": None, "target": None,
                  "test_bleu": None, "params": variants[0].params, "predicted_speed_up": 1.0, "variant": 0})
     for run in runs:
-        if not (runs_dir / run.slug / "metrics.json").is_file():
+        if not done(runs_dir / run.slug):
             continue
         for point, model_dir, metrics_path in shipped(runs_dir / run.slug):
             metrics = json.loads(metrics_path.read_text())
@@ -399,8 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     results = measure(runs, args.source, args.runs, timing)
     # the checkpoint's own test BLEU, as the runs that prune it scored it (the model pruned from)
     checkpoint_bleu = next((json.loads((args.runs / run.slug / "metrics.json").read_text())["test"]["dense"]["bleu"]
-                            for run in runs if not run.method.scratch
-                            and (args.runs / run.slug / "metrics.json").is_file()), None)
+                            for run in runs if not run.method.scratch and done(args.runs / run.slug)), None)
     results["rows"][0]["test_bleu"] = checkpoint_bleu
     results.update(command=command_line("speed_quality.py", sys.argv[1:] if argv is None else argv),
                    machine=machine(), versions=versions(), source=str(args.source), checkpoint_step=facts["step"],
