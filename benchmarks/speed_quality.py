@@ -63,6 +63,7 @@ class Method:
     trains_first: bool = False
     scratch: bool = False
     costed: bool = False  # budgets a predicted latency: takes the --workload settings (its fit cached once)
+    gated_steps: int | None = None  # the gates' share of the training after the checkpoint, if not --gated-steps
 
 
 GRID = (
@@ -74,6 +75,9 @@ GRID = (
     Method("gates_all", "gates: heads + FFN + layers",
            ("pruning=l0_budget", f"pruning.kinds={EVERY}", "pruning.target_latency={t}"), trains_first=True,
            costed=True),
+    Method("gates_all_ft", "gates: every kind, 100 gated + 300 fine-tuning steps",
+           ("pruning=l0_budget", f"pruning.kinds={EVERY}", "pruning.target_latency={t}", "pruning.target_warmup_steps=50"),
+           trains_first=True, costed=True, gated_steps=100),
     Method("random", "random, same predicted latency", ("pruning=random", f"pruning.kinds={EVERY}",
                                                         "pruning.latency=[{t}]"), costed=True),
     Method("even_layers", "even decoder layers", ("pruning=even_layers", "pruning.decoder_layers={layers}"),
@@ -120,7 +124,9 @@ def plan_runs(methods=GRID, targets=TARGETS, seeds=SEEDS, scratch: bool = True) 
 
 def overrides(run: Run, source: Path, runs_dir: Path, steps: dict, settings: dict) -> list[str]:
     """train.py's command line for ``run``."""
-    gated, tuning, total = steps["gated"], steps["finetune"], steps["checkpoint"] + steps["gated"] + steps["finetune"]
+    after = steps["gated"] + steps["finetune"]  # the training every method gets after the checkpoint
+    gated = run.method.gated_steps if run.method.gated_steps is not None else steps["gated"]
+    tuning, total = after - gated, steps["checkpoint"] + after
     fill = {"t": run.target, "heads": settings["heads"], "layers": settings["layers"]}
     args = [part.format(**fill) for part in run.method.overrides]
     args += [f"hydra.run.dir={runs_dir / run.slug}", f"seed={run.seed}", *settings.get("extra", ())]
@@ -128,7 +134,7 @@ def overrides(run: Run, source: Path, runs_dir: Path, steps: dict, settings: dic
         return [*args, "resume=auto", f"dense_steps={total}", f"trainer.max_steps={total}"]
     args += [f"resume={source / 'checkpoints' / 'dense.ckpt'}", f"gated_steps={gated}"]
     args += [f"pruning.workload.{k}={v}" for k, v in settings["workload"].items()] if run.method.costed else []
-    return [*args, f"finetune.steps={tuning if run.method.trains_first else gated + tuning}"]
+    return [*args, f"finetune.steps={tuning if run.method.trains_first else after}"]
 
 
 def fit_latency_once(source: Path, workload: dict) -> dict:

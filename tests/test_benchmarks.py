@@ -206,7 +206,7 @@ def test_speed_quality_grid_gives_every_method_the_same_training_after_the_check
     bench = _load("speed_quality")
     runs = bench.plan_runs()
     # 4 methods at 3 latency targets, the 0.5 point at 3 seeds; 3 methods without a target at 3 seeds; 2 from scratch
-    assert len(runs) == 4 * (3 + 2) + 3 * 3 + 2 and len({run.slug for run in runs}) == len(runs)
+    assert len(runs) == 5 * (3 + 2) + 3 * 3 + 2 and len({run.slug for run in runs}) == len(runs)
     steps = {"checkpoint": 2600, "gated": 300, "finetune": 100}
     settings = {"heads": 72, "layers": "[2,1]", "workload": {"repeats": 7}}
     by_name = {(run.method.name, run.target, run.seed): run for run in runs}
@@ -221,10 +221,12 @@ def test_speed_quality_grid_gives_every_method_the_same_training_after_the_check
                             ("dense", "pruning.heads=72")):
         line = args(other, 0.5 if other == "random" else None)
         assert expected in line and "finetune.steps=400" in line  # gated + fine-tuning steps, all fine-tuning
+    short = args("gates_all_ft", 0.5)  # its own share of the same 400 steps
+    assert "gated_steps=100" in short and "finetune.steps=300" in short
     scratch = args("scratch_decoder_1")
     assert {"resume=auto", "dense_steps=3000", "trainer.max_steps=3000"} <= set(scratch)  # a cut-off run goes on
     # every point at the first seed first, the from-scratch models last
-    firsts = 4 * 3 + 3
+    firsts = 5 * 3 + 3
     assert {run.seed for run in runs[:firsts]} == {1234} and all(run.method.scratch for run in runs[-2:])
     assert not any(a.startswith("pruning.workload") for a in args("even_layers_seqkd"))
 
