@@ -163,8 +163,13 @@ def train_missing(runs: list[Run], source: Path, runs_dir: Path, steps: dict, se
             shutil.rmtree(runs_dir / run.slug, ignore_errors=True)
         args = overrides(run, source, runs_dir, steps, settings)
         print(f"[{i + 1}/{len(mine)}] {run.slug}: train.py {' '.join(args)}", flush=True)
-        proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], env=env, capture_output=True, text=True)
-        error = next((line for line in proc.stderr.splitlines() if line.startswith("error: ")), "")
+        # its output to a file, not a pipe: a run outlives this script if the script is stopped
+        log = runs_dir / f"{run.slug}.log"
+        with open(log, "w") as out:
+            proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], env=env, stdout=out,
+                                  stderr=subprocess.STDOUT)
+        output = log.read_text(errors="replace")
+        error = next((line for line in output.splitlines() if line.startswith("error: ")), "")
         if proc.returncode == 2 and "below what removing every gated structure reaches" in error:
             refused[run.slug] = error.removeprefix("error: ")
             if refused_path.is_file():  # another worker's refusals since this one read the file
@@ -172,7 +177,7 @@ def train_missing(runs: list[Run], source: Path, runs_dir: Path, steps: dict, se
             atomic_write_text(refused_path, json.dumps(refused, indent=2) + "\n")
             print(f"  refused: {refused[run.slug]}")
         elif proc.returncode != 0:
-            raise SystemExit(f"{run.slug} failed (exit {proc.returncode}): {error or proc.stderr[-2000:]}")
+            raise SystemExit(f"{run.slug} failed (exit {proc.returncode}): {error or output[-2000:]} (all of it: {log})")
     return refused
 
 
