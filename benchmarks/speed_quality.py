@@ -415,8 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     timing = {"repeats": args.repeats, "sentences": args.sentences, "new_tokens": args.new_tokens, "source_tokens": 32}
     results = measure(runs, args.source, args.runs, timing)
     # the checkpoint's own test BLEU, as the runs that prune it scored it (the model pruned from)
-    checkpoint_bleu = next((json.loads((args.runs / run.slug / "metrics.json").read_text())["test"]["dense"]["bleu"]
-                            for run in runs if not run.method.scratch and done(args.runs / run.slug)), None)
+    scored = [json.loads((args.runs / run.slug / "metrics.json").read_text())["test"] for run in runs
+              if not run.method.scratch and done(args.runs / run.slug)]
+    checkpoint_bleu = next((test["dense"]["bleu"] for test in scored if "dense" in test), None)
     results["rows"][0]["test_bleu"] = checkpoint_bleu
     results.update(command=command_line("speed_quality.py", sys.argv[1:] if argv is None else argv),
                    machine=machine(), versions=versions(), source=str(args.source), checkpoint_step=facts["step"],
