@@ -16,6 +16,7 @@ measure (the model with some heads masked) comes from a ``HeadProbe``, so they n
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -70,6 +71,18 @@ class Level:
         if self.tag:
             return self.tag.replace("_", " ")
         return f"{self.heads} heads" if self.budget is None else f"{self.unit} {self.budget:g}"
+
+
+def gate_starts(gates) -> list[int]:
+    """Where each site's gates begin in the flat order of ``gates.log_alpha()``."""
+    return [0, *itertools.accumulate(gate.num_heads for gate in gates.gates)][:-1]
+
+
+def plan_heads(gates, plan: Plan) -> list[Head]:
+    """The heads a whole plan keeps, outside the layers it drops, sorted."""
+    dropped = gates.dropped(plan)
+    return sorted((path, head) for i, path in enumerate(gates.paths) if gates.structures[i] == "heads"
+                  and (gates.stacks[i], gates.layers[i]) not in dropped for head in plan[path])
 
 
 def head_counts(spec, total: int, name: str) -> list[int]:

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import torch
 
-from gatedprune.methods.baselines import HeadProbe, Level, PlanMethod
+from gatedprune.methods.baselines import HeadProbe, Level, PlanMethod, gate_starts, plan_heads
 
 
 def even_layers(total: int, keep: int) -> list[int]:
@@ -64,7 +64,7 @@ class EvenLayers(PlanMethod):
     def levels(self, probe: HeadProbe) -> list[Level]:
         gates = probe.gates
         decoder = [i for i, kind in enumerate(gates.kinds) if kind == "decoder_layer"]  # one gate per layer
-        starts = torch.tensor([0, *[gate.num_heads for gate in gates.gates]]).cumsum(0)[:-1].tolist()
+        starts = gate_starts(gates)
         levels = []
         for keep in self.counts:
             kept_layers = even_layers(len(decoder), keep)
@@ -72,9 +72,6 @@ class EvenLayers(PlanMethod):
             for i in decoder:
                 mask[starts[i]] = gates.layers[i] in kept_layers
             plan = gates.plan(keep=mask, note=False)
-            dropped = gates.dropped(plan)
-            heads = sorted((path, head) for i, path in enumerate(gates.paths) if gates.structures[i] == "heads"
-                           and (gates.stacks[i], gates.layers[i]) not in dropped for head in plan[path])
-            levels.append(Level(gates.alive(plan)["total"], heads, {"decoder_layers": kept_layers}, plan=plan,
-                                tag=f"decoder_{keep}_of_{len(decoder)}"))
+            levels.append(Level(gates.alive(plan)["total"], plan_heads(gates, plan), {"decoder_layers": kept_layers},
+                                plan=plan, tag=f"decoder_{keep}_of_{len(decoder)}"))
         return levels

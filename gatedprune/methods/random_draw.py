@@ -14,7 +14,6 @@ per budget, a fraction of the dense model's cost kept at most in one unit, as ``
 from __future__ import annotations
 
 import copy
-import itertools
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,7 +23,8 @@ import torch
 
 from gatedprune.costs.build import gate_costs
 from gatedprune.costs.workload import Workload
-from gatedprune.methods.baselines import HeadProbe, Level, PlanMethod, head_counts
+from gatedprune.methods.baselines import HeadProbe, Level, PlanMethod, gate_starts, head_counts, plan_heads
+from gatedprune.shipping.export import dense_copy
 from gatedprune.structures.kinds import ATTENTION_KINDS
 from gatedprune.surgery.cut import prune_heads, removed_parameters
 
@@ -55,15 +55,10 @@ def budget_fractions(spec, unit: str = "params") -> list[float]:
     return sorted(values, reverse=True)
 
 
-def _starts(gates) -> list[int]:
-    """Where each site's gates begin in the flat order of ``gates.log_alpha()``."""
-    return [0, *itertools.accumulate(gate.num_heads for gate in gates.gates)][:-1]
-
-
 def param_floor(gates, model) -> int:
     """The fewest non-embedding parameters a drawn plan keeps: every gated structure removed, but the largest decoder
     layer where decoder layers are gated (a decoder keeps one, and any of them may be the one drawn)."""
-    total, starts = gates.non_embedding_params, _starts(gates)
+    total, starts = gates.non_embedding_params, gate_starts(gates)
     floors = []
     for i in [i for i, kind in enumerate(gates.kinds) if kind == "decoder_layer"] or [None]:
         keep = torch.zeros(gates.num_gates, dtype=torch.bool)
@@ -99,12 +94,12 @@ def draw_within(gates, model, fractions: list[float], seed: int, unit: str = "pa
     moves to a new first layer), the fill is redone with that much less allowed. FLOPs and latency: the plan's
     predicted cost is that of the model cut to it (``LinearCost.of``).
     """
-    total, starts = gates.non_embedding_params, _starts(gates)
+    total, starts = gates.non_embedding_params, gate_starts(gates)
     scores = torch.rand(gates.num_gates, generator=torch.Generator().manual_seed(seed))  # (N,)
     decoder = [i for i, kind in enumerate(gates.kinds) if kind == "decoder_layer"]
     if decoder:
         scores[starts[max(decoder, key=lambda i: scores[starts[i]].item())]] = 2.0  # above every other score
-    reference = None if unit == "params" else _gate_free(model)
+    reference = None if unit == "params" else dense_copy(model)  # the model without its gate hooks
     draws = []
     for fraction in fractions:
         if unit == "params":
@@ -117,11 +112,8 @@ def draw_within(gates, model, fractions: list[float], seed: int, unit: str = "pa
             cut = copy.deepcopy(reference)
             prune_heads(cut, plan)
             cost = {f"{unit}_kept": costs.linear.of(cut) / costs.total}
-        dropped = gates.dropped(plan)
-        heads = sorted((path, head) for i, path in enumerate(gates.paths) if gates.structures[i] == "heads"
-                       and (gates.stacks[i], gates.layers[i]) not in dropped for head in plan[path])
         alive = gates.alive(plan)
-        draws.append(Draw(fraction, plan, heads, alive["total"], {
+        draws.append(Draw(fraction, plan, plan_heads(gates, plan), alive["total"], {
             "seed": seed, f"target_{unit}": fraction, **cost, "params_kept": kept / total,
             "non_embedding_params_kept": kept, "non_embedding_params": total, "alive": alive}))
     return draws
@@ -140,12 +132,6 @@ def _within_params(gates, model, scores: torch.Tensor, fraction: float) -> tuple
         if allowed < 0:  # even the least plan does not fit: check_floor was not asked first
             raise ValueError(f"pruning.params={fraction} is below what removing every gated structure reaches")
         allowed -= kept - target
-
-
-def _gate_free(model):
-    from gatedprune.shipping.export import dense_copy  # the gated model without its gate hooks
-
-    return dense_copy(model)
 
 
 @torch.no_grad()
