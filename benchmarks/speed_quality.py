@@ -78,12 +78,23 @@ GRID = (
     Method("gates_all_ft", "gates: every kind, 100 gated + 300 fine-tuning steps",
            ("pruning=l0_budget", f"pruning.kinds={EVERY}", "pruning.target_latency={t}", "pruning.target_warmup_steps=50"),
            trains_first=True, costed=True, gated_steps=100),
+    # the same split with CoFiPruning's distillation from the dense model in both phases (output KL at weight 0.5,
+    # layer outputs through the learned map at 1.0: both terms near the cross-entropy's size at the start of the
+    # fine-tuning of these exports), and with sequence-level distillation in the fine-tuning
+    Method("gates_all_kd", "gates: every kind, 100 + 300, distilled (output + layers)",
+           ("pruning=l0_budget", f"pruning.kinds={EVERY}", "pruning.target_latency={t}", "pruning.target_warmup_steps=50",
+            "pruning.distill.alpha=0.5", "pruning.distill.hidden=1.0", "pruning.distill.layer_map=nearest",
+            "finetune.distill=true"), trains_first=True, costed=True, gated_steps=100),
+    Method("gates_all_seqkd", "gates: every kind, 100 + 300, seq-KD fine-tuning",
+           ("pruning=l0_budget", f"pruning.kinds={EVERY}", "pruning.target_latency={t}", "pruning.target_warmup_steps=50",
+            "finetune.targets=dense_greedy", "finetune.cache_dir={cache}"), trains_first=True, costed=True, gated_steps=100),
     Method("random", "random, same predicted latency", ("pruning=random", f"pruning.kinds={EVERY}",
                                                         "pruning.latency=[{t}]"), costed=True),
     Method("even_layers", "even decoder layers", ("pruning=even_layers", "pruning.decoder_layers={layers}"),
            target=False),
     Method("even_layers_seqkd", "even decoder layers + seq-KD",
-           ("pruning=even_layers", "pruning.decoder_layers={layers}", "finetune.targets=dense_greedy"), target=False),
+           ("pruning=even_layers", "pruning.decoder_layers={layers}", "finetune.targets=dense_greedy",
+            "finetune.cache_dir={cache}"), target=False),
     Method("scratch_decoder_1", "dense from scratch, 1 decoder layer", ("model.from_scratch.decoder_layers=1",),
            target=False, scratch=True),
     Method("scratch_narrow", "dense from scratch, FFN 512, 2 decoder layers",
@@ -127,7 +138,8 @@ def overrides(run: Run, source: Path, runs_dir: Path, steps: dict, settings: dic
     after = steps["gated"] + steps["finetune"]  # the training every method gets after the checkpoint
     gated = run.method.gated_steps if run.method.gated_steps is not None else steps["gated"]
     tuning, total = after - gated, steps["checkpoint"] + after
-    fill = {"t": run.target, "heads": settings["heads"], "layers": settings["layers"]}
+    # the dense model's translations for sequence-level distillation: made once, by the first run that needs them
+    fill = {"t": run.target, "heads": settings["heads"], "layers": settings["layers"], "cache": runs_dir / "seqkd_cache"}
     args = [part.format(**fill) for part in run.method.overrides]
     args += [f"hydra.run.dir={runs_dir / run.slug}", f"seed={run.seed}", *settings.get("extra", ())]
     if run.method.scratch:  # the same data and schedule, every step dense, then shipped as it is

@@ -205,8 +205,8 @@ def test_cost_model_quick_writes_its_page_from_its_own_numbers(tmp_path):
 def test_speed_quality_grid_gives_every_method_the_same_training_after_the_checkpoint(tmp_path):
     bench = _load("speed_quality")
     runs = bench.plan_runs()
-    # 4 methods at 3 latency targets, the 0.5 point at 3 seeds; 3 methods without a target at 3 seeds; 2 from scratch
-    assert len(runs) == 5 * (3 + 2) + 3 * 3 + 2 and len({run.slug for run in runs}) == len(runs)
+    # 7 methods at 3 latency targets, the 0.5 point at 3 seeds; 3 methods without a target at 3 seeds; 2 from scratch
+    assert len(runs) == 7 * (3 + 2) + 3 * 3 + 2 and len({run.slug for run in runs}) == len(runs)
     steps = {"checkpoint": 2600, "gated": 300, "finetune": 100}
     settings = {"heads": 72, "layers": "[2,1]", "workload": {"repeats": 7}}
     by_name = {(run.method.name, run.target, run.seed): run for run in runs}
@@ -226,9 +226,14 @@ def test_speed_quality_grid_gives_every_method_the_same_training_after_the_check
     scratch = args("scratch_decoder_1")
     assert {"resume=auto", "dense_steps=3000", "trainer.max_steps=3000"} <= set(scratch)  # a cut-off run goes on
     # every point at the first seed first, the from-scratch models last
-    firsts = 5 * 3 + 3
+    firsts = 7 * 3 + 3
     assert {run.seed for run in runs[:firsts]} == {1234} and all(run.method.scratch for run in runs[-2:])
     assert not any(a.startswith("pruning.workload") for a in args("even_layers_seqkd"))
+    # the dense model's translations are made once for every run distilling from them
+    shared = f"finetune.cache_dir={tmp_path / 'runs' / 'seqkd_cache'}"
+    assert shared in args("even_layers_seqkd") and shared in args("gates_all_seqkd", 0.5, seed=2)
+    distilled = args("gates_all_kd", 0.67)
+    assert {"finetune.distill=true", "pruning.distill.layer_map=nearest", "gated_steps=100"} <= set(distilled)
 
 
 def test_speed_quality_quick_writes_its_page_from_its_runs(tmp_path):
