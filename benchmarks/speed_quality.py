@@ -171,6 +171,10 @@ def train_missing(runs: list[Run], source: Path, runs_dir: Path, steps: dict, se
     for i, run in enumerate(mine):
         if done(runs_dir / run.slug) or run.slug in refused:
             continue
+        lock = runs_dir / f"{run.slug}.pid"
+        if not claim(lock):
+            print(f"[{i + 1}/{len(mine)}] {run.slug}: running in another process ({lock}), left to it", flush=True)
+            continue
         if not run.method.scratch:  # a fork cut off before its end starts again; a from-scratch run goes on
             shutil.rmtree(runs_dir / run.slug, ignore_errors=True)
         args = overrides(run, source, runs_dir, steps, settings)
@@ -178,19 +182,44 @@ def train_missing(runs: list[Run], source: Path, runs_dir: Path, steps: dict, se
         # its output to a file, not a pipe: a run outlives this script if the script is stopped
         log = runs_dir / f"{run.slug}.log"
         with open(log, "w") as out:
-            proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], env=env, stdout=out,
-                                  stderr=subprocess.STDOUT)
+            child = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], env=env, stdout=out,
+                                     stderr=subprocess.STDOUT)
+            lock.write_text(f"{child.pid}\n")  # the run's own process: it may outlive this script
+            child.wait()
+        lock.unlink(missing_ok=True)
         output = log.read_text(errors="replace")
         error = next((line for line in output.splitlines() if line.startswith("error: ")), "")
-        if proc.returncode == 2 and "below what removing every gated structure reaches" in error:
+        if child.returncode == 2 and "below what removing every gated structure reaches" in error:
             refused[run.slug] = error.removeprefix("error: ")
             if refused_path.is_file():  # another worker's refusals since this one read the file
                 refused = {**json.loads(refused_path.read_text()), **refused}
             atomic_write_text(refused_path, json.dumps(refused, indent=2) + "\n")
             print(f"  refused: {refused[run.slug]}")
-        elif proc.returncode != 0:
-            raise SystemExit(f"{run.slug} failed (exit {proc.returncode}): {error or output[-2000:]} (all of it: {log})")
+        elif child.returncode != 0:
+            raise SystemExit(f"{run.slug} failed (exit {child.returncode}): {error or output[-2000:]} (all of it: {log})")
     return refused
+
+
+def claim(lock: Path) -> bool:
+    """Take ``lock`` (``<runs>/<slug>.pid``) for this process, unless the process it names is alive: a run of the
+    grid is trained by one process at a time, however many scripts share the grid (``--only`` lists may overlap)."""
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text())
+                if pid > 0:
+                    os.kill(pid, 0)  # signal 0: only asks whether it is alive
+                    return False
+            except (ValueError, ProcessLookupError, FileNotFoundError):  # stale: its process ended
+                pass
+            lock.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as out:
+            out.write(f"{os.getpid()}\n")
+        return True
+    return False
 
 
 def done(run_dir: Path) -> bool:
@@ -378,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", type=Path, help="the run whose checkpoints/dense.ckpt every method starts from")
     parser.add_argument("--runs", type=Path, help="where the grid's runs go (one directory each)")
     parser.add_argument("--only", nargs="+", default=None, help="methods of GRID to train (default: all)")
+    parser.add_argument("--seeds", nargs="+", type=int, default=None,
+                        help=f"the first for every point, all at the 0.5 point (default: {' '.join(map(str, SEEDS))})")
     parser.add_argument("--no-scratch", action="store_true", help="leave out the from-scratch dense models")
     parser.add_argument("--gated-steps", type=int, default=300)
     parser.add_argument("--finetune-steps", type=int, default=100)
@@ -411,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"--only names {', '.join(unknown)}; allowed: {', '.join(m.name for m in GRID)}")
         methods = [m for m in methods if m.name in args.only]
+    seeds = tuple(args.seeds) if args.seeds else seeds
     facts = checkpoint_facts(args.source)
     steps = {"checkpoint": facts["step"], "gated": args.gated_steps, "finetune": args.finetune_steps}
     settings = {"heads": facts["heads"], "layers": facts["layers"], "extra": extra, "workload": workload}

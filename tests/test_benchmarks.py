@@ -5,6 +5,8 @@ Timings are never asserted: they depend on the machine and its load.
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -267,3 +269,14 @@ def test_speed_quality_quick_writes_its_page_from_its_runs(tmp_path):
     assert results["checkpoint_test_bleu"] == dense["test"]["dense"]["bleu"] == rows[0]["test_bleu"]
     for row in rows:
         assert f"| {row['run']} |" in text
+
+
+def test_speed_quality_leaves_a_run_to_the_live_process_that_holds_it(tmp_path):
+    claim = _load("speed_quality").claim
+    lock = tmp_path / "gates_all-lat0.5-s1.pid"
+    assert claim(lock) and lock.read_text() == f"{os.getpid()}\n"  # free: taken, naming this process
+    assert not claim(lock)  # held by a live process (this one): left alone
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    for stale in (ended.stdout, ""):  # a process that has ended; a holder stopped before it wrote its pid
+        lock.write_text(stale)
+        assert claim(lock) and lock.read_text() == f"{os.getpid()}\n"
