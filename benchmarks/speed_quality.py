@@ -48,6 +48,9 @@ from gatedprune.utils import atomic_write_text, markdown_table  # noqa: E402
 HEADS = "[encoder,decoder,cross]"
 HEADS_FFN = "[encoder,decoder,cross,encoder_ffn,decoder_ffn]"
 EVERY = f"[{','.join(ALL_KINDS)}]"
+# the gates on every kind with a short gated phase (its budget falls in 50 steps): the protocols that fine-tune longer
+SHORT_GATES = ("pruning=l0_budget", f"pruning.kinds={EVERY}", "pruning.target_latency={t}",
+               "pruning.target_warmup_steps=50")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,19 +78,17 @@ GRID = (
     Method("gates_all", "gates: heads + FFN + layers",
            ("pruning=l0_budget", f"pruning.kinds={EVERY}", "pruning.target_latency={t}"), trains_first=True,
            costed=True),
-    Method("gates_all_ft", "gates: every kind, 100 gated + 300 fine-tuning steps",
-           ("pruning=l0_budget", f"pruning.kinds={EVERY}", "pruning.target_latency={t}", "pruning.target_warmup_steps=50"),
+    Method("gates_all_ft", "gates: every kind, 100 gated + 300 fine-tuning steps", SHORT_GATES,
            trains_first=True, costed=True, gated_steps=100),
     # the same split with CoFiPruning's distillation from the dense model in both phases (output KL at weight 0.5,
     # layer outputs through the learned map at 1.0: both terms near the cross-entropy's size at the start of the
     # fine-tuning of these exports), and with sequence-level distillation in the fine-tuning
     Method("gates_all_kd", "gates: every kind, 100 + 300, distilled (output + layers)",
-           ("pruning=l0_budget", f"pruning.kinds={EVERY}", "pruning.target_latency={t}", "pruning.target_warmup_steps=50",
-            "pruning.distill.alpha=0.5", "pruning.distill.hidden=1.0", "pruning.distill.layer_map=nearest",
-            "finetune.distill=true"), trains_first=True, costed=True, gated_steps=100),
+           (*SHORT_GATES, "pruning.distill.alpha=0.5", "pruning.distill.hidden=1.0",
+            "pruning.distill.layer_map=nearest", "finetune.distill=true"), trains_first=True, costed=True, gated_steps=100),
     Method("gates_all_seqkd", "gates: every kind, 100 + 300, seq-KD fine-tuning",
-           ("pruning=l0_budget", f"pruning.kinds={EVERY}", "pruning.target_latency={t}", "pruning.target_warmup_steps=50",
-            "finetune.targets=dense_greedy", "finetune.cache_dir={cache}"), trains_first=True, costed=True, gated_steps=100),
+           (*SHORT_GATES, "finetune.targets=dense_greedy", "finetune.cache_dir={cache}"), trains_first=True, costed=True,
+           gated_steps=100),
     Method("random", "random, same predicted latency", ("pruning=random", f"pruning.kinds={EVERY}",
                                                         "pruning.latency=[{t}]"), costed=True),
     Method("even_layers", "even decoder layers", ("pruning=even_layers", "pruning.decoder_layers={layers}"),
