@@ -15,6 +15,7 @@ import torch
 
 from gatedprune.structures.adapters import attention_sites
 from gatedprune.surgery.cut import prune_heads
+from helpers import compose_train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -236,6 +237,20 @@ def test_speed_quality_grid_gives_every_method_the_same_training_after_the_check
     assert shared in args("even_layers_seqkd") and shared in args("gates_all_seqkd", 0.5, seed=2)
     distilled = args("gates_all_kd", 0.67)
     assert {"finetune.distill=true", "pruning.distill.layer_map=nearest", "gated_steps=100"} <= set(distilled)
+
+
+def test_the_default_run_prunes_as_the_speed_quality_page_best_gated_protocol(tmp_path):
+    """README: ``make train`` runs the gates of docs/speed_quality.md at 0.67 (the gated protocol that kept the most
+    BLEU there): the default's pruning is the grid's SHORT_GATES at that target, and its gated phase is as short."""
+    bench = _load("speed_quality")
+    default = compose_train(tmp_path)
+    page = compose_train(tmp_path, *(o.format(t=0.67) for o in bench.SHORT_GATES))
+    assert default.pruning == page.pruning and default.pruning._target_ == "gatedprune.methods.gated.L0Budget"
+    assert default.trainer.max_steps - default.dense_steps == next(
+        m.gated_steps for m in bench.GRID if m.overrides == bench.SHORT_GATES)
+    # the heads-only L0 run of earlier rounds stays one option away, and the tests' smoke run keeps it
+    assert compose_train(tmp_path, "pruning=l0").pruning._target_ == "gatedprune.methods.gated.L0"
+    assert compose_train(tmp_path, "experiment=smoke").pruning._target_ == "gatedprune.methods.gated.L0"
 
 
 def test_speed_quality_quick_writes_its_page_from_its_runs(tmp_path):

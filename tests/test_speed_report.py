@@ -90,6 +90,23 @@ def test_measure_speed_reports_ratios_of_medians_params_and_file_sizes(model_of,
     assert speed["workload"]["new_tokens"] == 4 and speed["workload"]["repeats"] == 2
 
 
+def test_measure_speed_times_at_the_threads_asked_and_gives_them_back(model_of, tmp_path):
+    dense = model_of("mbart")
+    pruned, _ = _pruned(dense, tmp_path)
+    seen = []
+    for model in (dense, pruned):
+        model.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    asked = before + 1
+    speed = measure_speed(dense, pruned, SpeedOptions(batches=[1, 2], source_tokens=3, new_tokens=2, repeats=1,
+                                                      threads=asked), timer=FakeClock())
+    assert set(seen) == {asked} and speed["workload"]["threads"] == asked and torch.get_num_threads() == before
+    seen.clear()
+    speed = measure_speed(dense, pruned, SpeedOptions(batches=[1], source_tokens=3, new_tokens=2, repeats=1),
+                          timer=FakeClock())  # None: as torch is set
+    assert set(seen) == {before} and speed["workload"]["threads"] == before
+
+
 def test_greedy_job_generates_exactly_new_tokens_from_the_same_sources(model_of, tmp_path):
     dense = model_of("mbart")  # whose untrained greedy stops early without min_new_tokens
     pruned, _ = _pruned(dense, tmp_path)
@@ -117,6 +134,7 @@ def test_greedy_job_generates_exactly_new_tokens_from_the_same_sources(model_of,
     ({"repeats": 0}, "report.repeats=0"), ({"new_tokens": -1}, "report.new_tokens=-1"),
     ({"source_tokens": "many"}, "report.source_tokens='many'"), ({"speed": "yes"}, "report.speed='yes'"),
     ({"repeat": 3}, "report.repeat: no such option"), ({"repeats": float("nan")}, "report.repeats=nan"),
+    ({"threads": 0}, "report.threads=0"), ({"threads": "two"}, "report.threads='two'"),
 ])
 def test_bad_report_options_are_refused_in_one_line(override, named):
     with pytest.raises(ValueError, match="allowed") as err:
@@ -127,7 +145,10 @@ def test_bad_report_options_are_refused_in_one_line(override, named):
 def test_smoke_runs_do_not_time_and_full_runs_do(tmp_path):
     assert compose_train(tmp_path, "experiment=smoke").report.speed is False
     full = speed_options(compose_train(tmp_path).report)
-    assert full == SpeedOptions(speed=True, batches=(1, 32), source_tokens=32, new_tokens=32, repeats=3)
+    # the default predicts its latency at one thread (pruning.workload.threads): it is measured at one too
+    assert full == SpeedOptions(speed=True, batches=(1, 32), source_tokens=32, new_tokens=32, repeats=3, threads=1)
+    assert speed_options(compose_train(tmp_path, "pruning.workload.threads=2").report).threads == 2
+    assert speed_options(compose_train(tmp_path, "pruning=l0").report).threads is None  # no prediction: as torch is
     assert speed_options(None) == SpeedOptions()  # a config recorded before report existed
 
 

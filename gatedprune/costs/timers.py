@@ -8,7 +8,6 @@ identical models, CPU time by a few per cent. On a GPU it is wall time after a s
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 from pathlib import Path
 
@@ -16,18 +15,7 @@ import torch
 from torch import nn
 
 from gatedprune.costs.workload import Workload
-from gatedprune.reports.speed import alternate, greedy_job, random_sources
-
-
-@contextlib.contextmanager
-def _threads(count: int | None):
-    before = torch.get_num_threads()
-    if count:
-        torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+from gatedprune.reports.speed import alternate, greedy_job, random_sources, torch_threads
 
 
 def _seconds(timings: list, workload: Workload) -> list[float]:
@@ -52,7 +40,7 @@ def torch_timer(models: list[nn.Module], workload: Workload) -> list[float]:
     job = greedy_job(models[0], workload.batch, workload.source_tokens, workload.target_tokens, workload.num_beams,
                      workload.device)
 
-    with _threads(workload.threads):
+    with torch_threads(workload.threads):
         return _seconds(alternate(_synchronised(job, workload.device), models, workload.repeats), workload)
 
 

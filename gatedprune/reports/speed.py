@@ -9,6 +9,7 @@ The benchmark scripts (benchmarks/common.py) time with the same ``Timing`` and `
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import platform
 import re
@@ -67,6 +68,9 @@ class SpeedOptions:
     source_tokens: int = 32  # random source ids per sentence
     new_tokens: int = 32  # generated per sentence, exactly (EOS held off until then)
     repeats: int = 3  # timed calls per model and batch size (median), after one warm-up call each
+    # torch threads while timing; None: as torch is set. conf/train.yaml takes pruning.workload.threads where the
+    # method predicts a latency, so the measured speed-up is of what was predicted
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         check_numbers("report", self)  # nan, inf, strings
@@ -82,6 +86,8 @@ class SpeedOptions:
             value = getattr(self, name)
             if not (_whole(value) and value >= 1):
                 raise ValueError(f"report.{name}={value}; allowed: a whole number >= 1")
+        if self.threads is not None and not (_whole(self.threads) and self.threads >= 1):
+            raise ValueError(f"report.threads={self.threads!r}; allowed: null or a whole number >= 1")
 
     def check_model(self, model) -> None:
         """The workload fits the model's positions (refused before training, not after it)."""
@@ -147,6 +153,18 @@ def _ratio(dense: float, pruned: float) -> float | None:
     return dense / pruned if pruned > 0 else None  # a clock too coarse to see the call: no ratio, not infinity
 
 
+@contextlib.contextmanager
+def torch_threads(count: int | None):
+    """torch's intra-op threads set to ``count`` (None: left as they are) for the block, then restored."""
+    before = torch.get_num_threads()
+    if count:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def safetensors_bytes(model) -> int:
     """Bytes of the safetensors weights ``save_pretrained`` writes for ``model`` (what the export directory holds)."""
     with tempfile.TemporaryDirectory(prefix="gatedprune-size-") as tmp:
@@ -160,9 +178,11 @@ def measure_speed(dense, pruned, options: SpeedOptions, *, timer: Callable[[], T
     "dense_cpu_ms", "pruned_cpu_ms", "cpu_speed_up"}}, "params", "file_bytes"}``; ``*_ms`` are medians of one
     ``generate()`` call of the whole batch, ``speed_up`` = dense / pruned (wall), ``cpu_speed_up`` (CPU time)."""
     batches = {}
-    for batch in options.batches:
-        job = greedy_job(dense, batch, options.source_tokens, options.new_tokens)
-        dense_t, pruned_t = alternate(job, [dense, pruned], options.repeats, timer=timer)
+    with torch_threads(options.threads):
+        threads = torch.get_num_threads()
+        times = {batch: alternate(greedy_job(dense, batch, options.source_tokens, options.new_tokens), [dense, pruned],
+                                  options.repeats, timer=timer) for batch in options.batches}
+    for batch, (dense_t, pruned_t) in times.items():
         batches[str(batch)] = {  # JSON keys are strings
             "dense_ms": 1e3 * dense_t.wall, "pruned_ms": 1e3 * pruned_t.wall,
             "speed_up": _ratio(dense_t.wall, pruned_t.wall),
@@ -172,7 +192,7 @@ def measure_speed(dense, pruned, options: SpeedOptions, *, timer: Callable[[], T
     return {
         "workload": {"decoding": "greedy generate()", "source_tokens": options.source_tokens,
                      "new_tokens": options.new_tokens, "repeats": options.repeats, "device": "cpu",
-                     "dtype": "float32", "threads": torch.get_num_threads()},
+                     "dtype": "float32", "threads": threads},
         "batches": batches,
         "params": {name: sum(p.numel() for p in m.parameters()) for name, m in (("dense", dense), ("pruned", pruned))},
         "file_bytes": {"dense": safetensors_bytes(dense), "pruned": safetensors_bytes(pruned)},
