@@ -94,6 +94,35 @@ def test_a_heads_only_dense_checkpoint_forks_into_a_run_with_every_kind(tmp_path
     assert json.loads((run / "pruned" / "export_report.json").read_text())["verification"]["passed"]
 
 
+def test_the_every_kind_default_dense_checkpoint_forks_into_a_heads_only_run(tmp_path):
+    # the default (pruning=speed: a latency budget on every kind) leaves its dense.ckpt at the end of the dense phase;
+    # the heads-only methods (the lambda sweep, compare, quality) fork it: its other gates, never trained, are dropped
+    source = tmp_path / "default"
+    proc = run_train(source, "pruning=speed", "trainer.max_steps=12", "export.enabled=false")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dense = torch.load(source / "checkpoints" / "dense.ckpt", map_location="cpu", weights_only=True)
+    assert dense["gate_kinds"] == list(ALL_KINDS) and dense["global_step"] == 10
+    extra = dense["state_dict"]["gates._extra_state"]
+    heads = [i for i, kind in enumerate(extra["kinds"]) if kind in ("encoder", "decoder", "cross")]
+    assert all((dense["state_dict"][f"gates.gates.{i}.log_alpha"] == 3.0).all() for i in range(len(extra["kinds"])))
+    fork = tmp_path / "fork"
+    proc = run_train(fork, f"resume={source / 'checkpoints' / 'dense.ckpt'}", *HARD)  # smoke: pruning=l0, heads
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = torch.load(fork / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert last["gate_kinds"] == ["encoder", "decoder", "cross"] and last["global_step"] == 40
+    gates = {k: v for k, v in last["state_dict"].items() if k.startswith("gates.gates.")}
+    assert len(gates) == len(heads) and all((v != 3.0).any() for v in gates.values())  # the heads' gates trained
+    assert last["state_dict"]["gates._extra_state"]["paths"] == [extra["paths"][i] for i in heads]
+    assert json.loads((fork / "pruned" / "export_report.json").read_text())["verification"]["passed"]
+    # a checkpoint whose other gates have trained is not cut down: dropping them would change the model
+    from hydra.utils import instantiate
+
+    gated = torch.load(source / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)  # step 12
+    method = instantiate(compose_train(tmp_path / "x", "experiment=smoke").pruning)
+    assert method.checkpoint_kinds(dense) == tuple(ALL_KINDS)
+    assert method.checkpoint_kinds(gated) == ("encoder", "decoder", "cross")  # refused by check_resumable
+
+
 def test_an_old_heads_only_run_resumes_with_every_kind(tmp_path):
     from gatedprune.train import train
 

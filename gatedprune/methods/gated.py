@@ -35,6 +35,7 @@ from gatedprune.structures.hard_concrete import GATE_MODES, GateOptions
 from gatedprune.structures.head_gates import PENALTY_NORMALISATIONS, HeadGates
 from gatedprune.structures.kinds import ATTENTION_KINDS
 from gatedprune.structures.uniform import per_layer_count, uniform_kinds
+from gatedprune.training.checkpoints import untrained_beyond
 from gatedprune.utils import check_numbers
 
 
@@ -94,10 +95,15 @@ class GatedPruning(Method):
 
     def checkpoint_kinds(self, saved: dict) -> tuple[str, ...]:
         """A heads-only checkpoint (every ``dense.ckpt`` written before other kinds existed) forks into a run that
-        gates its heads and more: the new gates start fresh (``add_new_gates``)."""
+        gates its heads and more: the new gates start fresh (``add_new_gates``). A checkpoint gated on more kinds
+        than this run, whose other gates never trained (a ``dense.ckpt`` of the every-kind default), forks into it:
+        those gates are dropped (``drop_unused_gates``)."""
         heads = tuple(k for k in self.kinds if k in ATTENTION_KINDS)
-        if tuple(saved.get("gate_kinds", ())) == heads and heads != self.kinds:
+        kinds = tuple(saved.get("gate_kinds", ()))
+        if kinds == heads and heads != self.kinds:
             return heads
+        if set(self.kinds) < set(kinds) and untrained_beyond(saved, self.kinds):
+            return kinds
         return self.kinds
 
     def run(self, session) -> dict:

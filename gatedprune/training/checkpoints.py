@@ -38,6 +38,47 @@ def describe(module) -> dict:
     }
 
 
+def _saved_sites(checkpoint: dict) -> list[tuple[str, str]] | None:
+    """(module path, kind) of each gate a checkpoint holds, in its order; None for a checkpoint without gates."""
+    extra = checkpoint["state_dict"].get("gates._extra_state")
+    return list(zip(extra["paths"], extra["kinds"])) if extra else None
+
+
+def untrained_beyond(checkpoint: dict, kinds) -> bool:
+    """Whether every gate of the checkpoint outside ``kinds`` still holds its initial ``log_alpha``: true of a
+    ``dense.ckpt`` (the dense phase holds the gates open and never moves them), so dropping those gates changes
+    nothing the model computes."""
+    sites = _saved_sites(checkpoint)
+    init = checkpoint["gate_options"]["init_log_alpha"]
+    return sites is not None and all(bool((checkpoint["state_dict"][f"gates.gates.{i}.log_alpha"] == init).all())
+                                     for i, (_, kind) in enumerate(sites) if kind not in kinds)
+
+
+def drop_unused_gates(checkpoint: dict, gates: HeadGates) -> None:
+    """Fit a checkpoint gated on more kinds than ``gates`` (the every-kind default's ``dense.ckpt`` forked by a
+    heads-only method) to them: the other gates, untrained (``untrained_beyond``), go with their optimiser state,
+    and the optimiser's parameter indices close up over them."""
+    state, saved = checkpoint["state_dict"], _saved_sites(checkpoint)
+    ours = list(zip(gates.paths, gates.kinds))
+    if saved is None or saved == ours or not set(ours) < set(saved):
+        return
+    keep = [saved.index(site) for site in ours]
+    dropped = [i for i in range(len(saved)) if i not in keep]
+    values = [state.pop(f"gates.gates.{i}.log_alpha") for i in range(len(saved))]
+    state.update({f"gates.gates.{j}.log_alpha": values[i] for j, i in enumerate(keep)})
+    state["gates._extra_state"] = gates.get_extra_state()
+    checkpoint["gate_kinds"] = list(dict.fromkeys(gates.kinds))
+    for optimizer in checkpoint.get("optimizer_states", []):
+        groups = optimizer["param_groups"]  # the gates' group is the second, its parameters in gate order
+        gone = {groups[1]["params"][i] for i in dropped}
+        groups[1]["params"] = [groups[1]["params"][i] for i in keep]
+        order = [index for group in groups for index in group["params"]]
+        renumber = {old: new for new, old in enumerate(order)}
+        optimizer["state"] = {renumber[i]: v for i, v in optimizer["state"].items() if i not in gone}
+        for group in groups:
+            group["params"] = [renumber[i] for i in group["params"]]
+
+
 def add_new_gates(checkpoint: dict, gates: HeadGates) -> None:
     """Fit a checkpoint whose gates are the first of ``gates`` (a heads-only ``dense.ckpt`` forked with feed-forward
     or layer kinds added) to them: the new gates at their initial ``log_alpha``, their optimiser state fresh (the

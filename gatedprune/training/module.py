@@ -17,7 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gatedprune.structures.head_gates import attach_gates
 from gatedprune.structures.kinds import ATTENTION_KINDS
-from gatedprune.training.checkpoints import add_new_gates, describe
+from gatedprune.training.checkpoints import add_new_gates, describe, drop_unused_gates
 from gatedprune.training.distill import distilled_loss, frozen_copy
 from gatedprune.training.layer_map import LayerMaps, fit_checkpoint
 from gatedprune.training.guards import BadSteps, zero_non_finite_gradients
@@ -355,5 +355,6 @@ class GatedSeq2Seq(L.LightningModule):
         fit_checkpoint(checkpoint, self.layer_maps)  # a checkpoint written with(out) layer maps: identity ones, or none
         # a fork that gates more kinds than the checkpoint (a heads-only dense.ckpt): the new gates start fresh
         add_new_gates(checkpoint, self.gates)
+        drop_unused_gates(checkpoint, self.gates)  # one that gates fewer (the every-kind default's dense.ckpt)
         # a fork from a checkpoint another method wrote: the method fits its own state and optimiser groups
         self.pruning.migrate_checkpoint(checkpoint, self.budget, prefix="budget.")
