@@ -266,22 +266,30 @@ def test_speed_quality_quick_writes_its_page_from_its_runs(tmp_path):
     refused = {slug.split("-")[0] for slug in results["refused"]}
     assert refused <= {"gates_all", "random"} and all(f"- {slug}: " in text for slug in results["refused"])
     labels = {"gates_all": "gates: heads + FFN + layers", "random": "random, same predicted latency"}
-    assert [r["method"] for r in rows] == ["dense checkpoint", *(labels[m] for m in labels if m not in refused),
+    assert [r["method"] for r in rows] == ["dense checkpoint", bench.NOISE,
+                                           *(labels[m] for m in labels if m not in refused),
                                            "even decoder layers + seq-KD", "dense, the same training",
                                            "dense from scratch, 1 decoder layer"]
     runs = Path(results["source"]).parent / "runs"
-    for row in rows[1:]:  # each test BLEU is its run's, each speed-up the dense checkpoint's CPU time over its own
+    for row in rows[2:]:  # each test BLEU is its run's, each speed-up the dense checkpoint's CPU time over its own
         level = runs / row["run"].split("/")[0] / (f"levels/{row['point']}" if row["point"] else "") / "metrics.json"
         assert row["metrics"] == str(level) and row["test_bleu"] == bench.test_bleu(json.loads(level.read_text()))
         for key in ("transformers b1", "transformers b32", "ct2 float32 b1", "ct2 float32 b32"):
             assert row[key]["speed_up"] == pytest.approx(rows[0][key]["cpu_s"] / row[key]["cpu_s"])
     assert all(rows[0][key]["speed_up"] == 1 for key in rows[0] if key.startswith(("transformers", "ct2 float32")))
+    # the noise floor: a second copy of the checkpoint, timed with the rest, against the first, on the page
+    timed = ("transformers b1", "transformers b32", "ct2 float32 b1", "ct2 float32 b32")
+    for key in timed:
+        assert rows[1][key]["speed_up"] == pytest.approx(rows[0][key]["cpu_s"] / rows[1][key]["cpu_s"])
+    assert "Noise floor: a second copy of the dense checkpoint, timed with the others, reads " + ", ".join(
+        f"{rows[1][key]['speed_up']:.2f}x" for key in timed) in text
     if "gates_all" not in refused:
         pruned = json.loads((runs / "gates_all-lat0.85-s1234" / "metrics.json").read_text())
-        assert rows[1]["predicted_speed_up"] == pruned["export"]["predicted"]["speed_up"] >= 1 / 0.85 - 1e-9
+        assert rows[2]["predicted_speed_up"] == pruned["export"]["predicted"]["speed_up"] >= 1 / 0.85 - 1e-9
         assert pruned["costs"]["source"] == "cache"  # the fit the script measured before the runs
     dense = json.loads((runs / "dense-s1234" / "levels" / "024_heads" / "metrics.json").read_text())
     assert results["checkpoint_test_bleu"] == dense["test"]["dense"]["bleu"] == rows[0]["test_bleu"]
+    assert rows[1]["test_bleu"] == rows[0]["test_bleu"]
     for row in rows:
         assert f"| {row['run']} |" in text
 
