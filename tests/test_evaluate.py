@@ -4,6 +4,7 @@
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import sacrebleu
@@ -73,7 +74,7 @@ def test_files_with_and_without_a_test_split(tmp_path, pairs):
     assert metrics["model"] == "gated (pruning.eval_gate_mode=binary)"
 
 
-def test_a_budget_ramp_longer_than_the_gated_phase_is_shortened_and_said(budget_run, capsys):
+def test_a_budget_ramp_longer_than_the_gated_phase_is_shortened_and_said(budget_run, capsys, tmp_path):
     from gatedprune.methods.gated import L0Budget
 
     method = L0Budget(start_step=10, target_heads=5, target_warmup_steps=100)
@@ -81,8 +82,11 @@ def test_a_budget_ramp_longer_than_the_gated_phase_is_shortened_and_said(budget_
     assert method.target_warmup_steps == 10
     assert ("pruning.target_warmup_steps=100 is longer than the gated phase (20 steps: trainer.max_steps=30 - "
             "pruning.start_step=10); the target ramps over 10 steps instead") in capsys.readouterr().out
-    with pytest.raises(ValueError, match="with no gated step"):
-        L0Budget(start_step=10).check_schedule(10)
+    dense_only = L0Budget(start_step=10)
+    dense_only.check_schedule(10)  # the dense phase alone: a dense run, which may not export
+    with pytest.raises(ValueError, match=r"with no gated step \(trainer.max_steps=10, pruning.start_step=10\) has "
+                                         "nothing to export; allowed: .* or export.enabled=false"):
+        dense_only.check_outputs(SimpleNamespace(enabled=True), None, tmp_path)
     _, metrics = budget_run  # smoke: 20 gated steps, the default ramp of 100 shortened to 10
     assert metrics["budget"]["total"]["target"] == 5
 

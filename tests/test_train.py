@@ -67,6 +67,11 @@ def test_a_run_that_ends_before_gating_is_a_dense_baseline(tmp_path):
     assert metrics["dense"] == {"step": 13, "bleu": metrics["bleu"], "chrf": metrics["chrf"]}
     # the checkpoint metrics.json names is the last step, not the last multiple of every_n_train_steps (10)
     assert torch.load(tmp_path / metrics["checkpoint"], weights_only=True)["global_step"] == 13
+    # the default method (a latency budget, pruning=speed) likewise: its dense phase alone, as docs/quality.md trains
+    # each seed's dense checkpoint (python train.py trainer.max_steps=750 export.enabled=false)
+    budget = train(compose_train(tmp_path / "budget", "experiment=smoke", "pruning=speed", "trainer.max_steps=10",
+                                 "export.enabled=false"))
+    assert budget["method"] == "dense" and budget["steps"] == 10 and budget["heads_alive"]["total"] == 24
 
 
 def test_checkpoint_describes_model_and_gates(smoke_run):

@@ -305,21 +305,28 @@ class L0Budget(GatedPruning):
             return state.unit, state.kept_allowed
         return "top-k", state.targets  # the budget, met exactly per budget group
 
+    def check_outputs(self, export, tuning, run_dir: Path):
+        if export.enabled and self._gated_steps is not None and self._gated_steps < 1:  # untrained gates cut to a target
+            raise ValueError(
+                f"pruning=l0_budget with no gated step (trainer.max_steps={self.start_step + self._gated_steps}, "
+                f"pruning.start_step={self.start_step}) has nothing to export; allowed: trainer.max_steps > "
+                "pruning.start_step, or export.enabled=false (a dense run)"
+            )
+        return super().check_outputs(export, tuning, run_dir)
+
     def settles_from(self) -> int:
         return self.target_warmup_steps  # while the target ramps down, the top-k set has not been asked to settle
 
     def check_schedule(self, max_steps: int | None) -> None:
         """A target ramp longer than the gated phase would never reach the budget: it is shortened to half the gated
-        phase (the other half holds the target), and the run says so; a run with no gated step is refused."""
+        phase (the other half holds the target), and the run says so. A run with no gated step is a dense run (the
+        default's dense phase alone, ``trainer.max_steps=750``); it may not export (``check_outputs``)."""
         super().check_schedule(max_steps)
         if not max_steps or max_steps < 0:
             return
         gated_steps = max_steps - self.start_step
         if gated_steps < 1:
-            raise ValueError(
-                f"pruning=l0_budget with no gated step (trainer.max_steps={max_steps}, pruning.start_step="
-                f"{self.start_step}); allowed: trainer.max_steps > pruning.start_step"
-            )
+            return
         if self.target_warmup_steps > gated_steps:
             print(
                 f"warning: pruning.target_warmup_steps={self.target_warmup_steps} is longer than the gated phase "
