@@ -306,7 +306,8 @@ class L0Budget(GatedPruning):
         return "top-k", state.targets  # the budget, met exactly per budget group
 
     def check_outputs(self, export, tuning, run_dir: Path):
-        if export.enabled and self._gated_steps is not None and self._gated_steps < 1:  # untrained gates cut to a target
+        # a dense run's export would cut untrained gates to the target
+        if export.enabled and self._gated_steps is not None and self._gated_steps < 1:
             raise ValueError(
                 f"pruning=l0_budget with no gated step (trainer.max_steps={self.start_step + self._gated_steps}, "
                 f"pruning.start_step={self.start_step}) has nothing to export; allowed: trainer.max_steps > "
