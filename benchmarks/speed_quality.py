@@ -380,7 +380,8 @@ def render(results: dict) -> str:
              *(f"{p[k]:.2f}x" for k in ("transformers b1", "transformers b32", "ct2 float32 b1", "ct2 float32 b32")))
             for p in s["points"]]
     lines += [markdown_table(header, rows), "![test BLEU against measured speed-up](speed_quality.png)", ""]
-    lines += [noise_floor(results), ""] if noise_floor(results) else []
+    noise = noise_floor(results)
+    lines += [noise, ""] if noise else []
     met = s["target_met"]
     lines.append("**Target (at least 2x greedy batch 1, within 0.5 BLEU of the dense checkpoint): "
                  + ("met by " + ", ".join(f"{m['method']} ({m['transformers b1']:.2f}x, {m['test_bleu']:.2f})"
