@@ -36,6 +36,23 @@ def run_train(run_dir: Path, *overrides: str, flags=(), cwd: Path | None = None,
                           timeout=timeout)
 
 
+# seconds per structure of each kind, and per generate() call, that the fake latency timer charges: a test never
+# times for real (on a loaded machine the smoke model's measured floor rose above the default target)
+FAKE_COSTS = {"encoder": 3e-4, "decoder": 5e-4, "cross": 4e-4, "encoder_ffn": 2e-5, "decoder_ffn": 3e-5,
+              "encoder_layer": 1e-3, "decoder_layer": 2e-3}
+FAKE_BASE = 0.01
+
+
+def fake_timer(models, workload) -> list[float]:
+    """The latency fit's timer, charging FAKE_BASE + sum_k FAKE_COSTS[k] n_k seconds (n_k: structures counted by name)."""
+    return [FAKE_BASE + sum(FAKE_COSTS[k] * n for k, n in bart_structures(model).items()) for model in models]
+
+
+# the same timer installed in a train.py subprocess (run_train's prefix) before it starts
+FAKE_TIMER = ("import sys", f"sys.path.insert(0, {str(ROOT / 'tests')!r})", "import helpers",
+              "import gatedprune.costs.timers as timers", "timers.TIMERS['torch'] = helpers.fake_timer")
+
+
 def error_line(proc: subprocess.CompletedProcess) -> str:
     """The one line a refused or failed command prints on stderr, ``error: ...``."""
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]

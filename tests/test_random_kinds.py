@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import bart_structures, compose_train, error_line, run_train, train_dense
+from helpers import bart_structures, compose_train, error_line, fake_timer, run_train, train_dense
 
 from gatedprune import load_pruned
 from gatedprune.costs.build import gate_costs
@@ -166,15 +166,6 @@ def test_heads_only_at_a_parameter_budget(model_of):
 
 
 WORKLOAD = Workload(source_tokens=6, target_tokens=4, batch=1, repeats=1)
-# seconds per structure of each kind, and per call, that the fake timer charges (never real timings in a test)
-FAKE = {"encoder": 3e-4, "decoder": 5e-4, "cross": 4e-4, "encoder_ffn": 2e-5, "decoder_ffn": 3e-5,
-        "encoder_layer": 1e-3, "decoder_layer": 2e-3}
-
-
-def _fake_timer(models, workload):
-    return [0.01 + sum(FAKE[k] * n for k, n in bart_structures(model).items()) for model in models]
-
-
 def _generate(model):
     src = torch.randint(3, model.config.vocab_size - 1, (WORKLOAD.batch, WORKLOAD.source_tokens),
                         generator=torch.Generator().manual_seed(0))
@@ -206,16 +197,16 @@ def test_a_flops_draw_keeps_at_most_its_budget_as_torch_counts_flops(model_of):
 
 def test_a_latency_draw_keeps_at_most_its_budget_of_the_fitted_latency(model_of, monkeypatch):
     reference, probe = _gated(model_of, "bart")
-    gate_costs("latency", probe.model, probe.gates, WORKLOAD, timer=_fake_timer)  # the fit recovers FAKE exactly
-    dense = _fake_timer([reference], WORKLOAD)[0]
+    gate_costs("latency", probe.model, probe.gates, WORKLOAD, timer=fake_timer)  # the fit recovers FAKE_COSTS exactly
+    dense = fake_timer([reference], WORKLOAD)[0]
     for seed in range(3):
         for level in Random(kinds=ALL_KINDS, latency=[0.8, 0.45], seed=seed).levels(probe):
             cut = _cut(reference, level.plan)
-            kept = _fake_timer([cut], WORKLOAD)[0] / dense  # what the timer charges the cut model
+            kept = fake_timer([cut], WORKLOAD)[0] / dense  # what the timer charges the cut model
             assert kept <= level.budget + 1e-9 and level.info["latency_kept"] == pytest.approx(kept)
             assert len(cut.model.decoder.layers) >= 1 and level.name == f"latency_{level.budget:g}"
     module = SimpleNamespace(gates=probe.gates, model=probe.model, teacher=None)
-    monkeypatch.setitem(TIMERS, "torch", _fake_timer)  # what prepare's fit times with
+    monkeypatch.setitem(TIMERS, "torch", fake_timer)  # what prepare's fit times with
     with pytest.raises(ValueError, match=r"^pruning.latency=0.01 is below what removing every gated structure "
                                          r"reaches \(0\.\d+ of the dense model's predicted latency"):
         Random(kinds=ALL_KINDS, latency=0.01, workload=asdict(WORKLOAD)).prepare(module, None)

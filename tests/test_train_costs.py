@@ -10,7 +10,8 @@ import pytest
 import torch
 import transformers
 
-from helpers import bart_structures, error_line, run_train, train_dense
+from helpers import FAKE_BASE, FAKE_TIMER, bart_structures, error_line, run_train, train_dense
+from helpers import FAKE_COSTS as FAKE
 from gatedprune import load_pruned
 from gatedprune.costs.flops import count_flops
 from gatedprune.costs.table import read
@@ -20,18 +21,9 @@ EVERY_KIND = f"pruning.kinds=[{','.join(ALL_KINDS)}]"
 SMALL = ("pruning.workload.source_tokens=6", "pruning.workload.target_tokens=4", "pruning.workload.repeats=1")
 
 
-# seconds per structure of each kind, and per call, that the run's timer charges (never real timings in a test)
-FAKE = {"encoder": 3e-4, "decoder": 5e-4, "cross": 4e-4, "encoder_ffn": 2e-5, "decoder_ffn": 3e-5,
-        "encoder_layer": 1e-3, "decoder_layer": 2e-3}
 # the dense smoke model's structures (conf/experiment/smoke.yaml: 2 + 2 layers, 4 heads, FFN 64)
 SMOKE_STRUCTURES = {"encoder": 8, "decoder": 8, "cross": 8, "encoder_ffn": 128, "decoder_ffn": 128, "encoder_layer": 2,
                     "decoder_layer": 2}
-FAKE_TIMER = (  # run before train.py: generate() is never timed, the fit gets these numbers
-    "import gatedprune.costs.timers as timers",
-    "from gatedprune.costs.counts import features",
-    f"timers.TIMERS['torch'] = lambda models, w: [0.01 + sum({FAKE!r}[k] * n for k, n in features(m).items()) "
-    "for m in models]",
-)
 
 
 def test_a_latency_target_is_measured_cached_and_met(tmp_path):
@@ -42,12 +34,12 @@ def test_a_latency_target_is_measured_cached_and_met(tmp_path):
     (cached,) = (run / "checkpoints").glob("latency-*.json")
     key, cost = read(cached)
     assert key["workload"]["target_tokens"] == 4 and key["shapes"]["model_type"] == "mbart"
-    assert cost.base == pytest.approx(0.01) and cost.coefficients == pytest.approx(FAKE)  # the fit recovers them
+    assert cost.base == pytest.approx(FAKE_BASE) and cost.coefficients == pytest.approx(FAKE)  # the fit recovers them
     report = json.loads((run / "pruned" / "export_report.json").read_text())
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["target_latency"] == 0.6 and metrics["costs"]["source"] == "measured"
     # the prediction, recomputed here from the timer's own numbers and the structures the export kept
-    price = lambda n: 0.01 + sum(FAKE[k] * n[k] for k in ALL_KINDS)  # noqa: E731
+    price = lambda n: FAKE_BASE + sum(FAKE[k] * n[k] for k in ALL_KINDS)  # noqa: E731
     kept = price(bart_structures(load_pruned(run / "pruned"))) / price(SMOKE_STRUCTURES)
     assert report["predicted"]["latency"] == pytest.approx(kept) and kept <= 0.6
     assert report["predicted"]["speed_up"] == pytest.approx(1 / kept)
@@ -93,7 +85,7 @@ def test_random_draws_at_the_latency_the_gated_forks_are_budgeted_with(tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (cached,) = (dense / "checkpoints").glob("latency-*.json")  # beside the checkpoint forked: shared by its forks
     assert read(cached)[1].coefficients == pytest.approx(FAKE)
-    price = lambda n: 0.01 + sum(FAKE[k] * n[k] for k in ALL_KINDS)  # noqa: E731
+    price = lambda n: FAKE_BASE + sum(FAKE[k] * n[k] for k in ALL_KINDS)  # noqa: E731
     dense_price = price(SMOKE_STRUCTURES)
     for budget in (0.7, 0.5):
         metrics = json.loads((run / "levels" / f"latency_{budget}" / "metrics.json").read_text())

@@ -11,7 +11,7 @@ import pytest
 import torch
 import transformers
 
-from helpers import ROOT, compose_train, error_line, run_train, train_dense
+from helpers import FAKE_TIMER, ROOT, compose_train, error_line, run_train, train_dense
 from gatedprune import load_pruned
 from gatedprune.structures.kinds import ALL_KINDS
 from gatedprune.surgery.cut import count_parameters
@@ -98,7 +98,7 @@ def test_the_every_kind_default_dense_checkpoint_forks_into_a_heads_only_run(tmp
     # the default (pruning=speed: a latency budget on every kind) leaves its dense.ckpt at the end of the dense phase;
     # the heads-only methods (the lambda sweep, compare, quality) fork it: its other gates, never trained, are dropped
     source = tmp_path / "default"
-    proc = run_train(source, "pruning=speed", "trainer.max_steps=12", "export.enabled=false")
+    proc = run_train(source, "pruning=speed", "trainer.max_steps=12", "export.enabled=false", prefix=FAKE_TIMER)
     assert proc.returncode == 0, proc.stderr[-3000:]
     dense = torch.load(source / "checkpoints" / "dense.ckpt", map_location="cpu", weights_only=True)
     assert dense["gate_kinds"] == list(ALL_KINDS) and dense["global_step"] == 10
