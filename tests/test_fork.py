@@ -214,3 +214,24 @@ def test_a_fork_of_a_converged_run_gates_from_its_step_on_its_schedule(tmp_path)
 
     assert optim["warmup_steps"] == 4 and lr == pytest.approx(rate(n, 4), rel=1e-6)
     assert abs(rate(n, 4) - rate(n, 10)) > 0.1 * rate(n, 4) and abs(rate(n, 4) - rate(0, 4)) > 0.1 * rate(n, 4)
+
+
+def test_a_fork_trains_its_gates_and_multipliers_at_its_own_rates(tmp_path):
+    """The gates' and the budget's optimiser groups take the fork's pruning.gate_lr and lagrangian_lr, not the rates
+    the checkpoint saved them with (0.1 and 0.05: a fork that set others silently kept those)."""
+    budget = ("pruning=l0_budget", "pruning.target_heads=12")
+    dense = tmp_path / "dense"
+    proc = run_train(dense, *budget, "trainer.max_steps=10", "export.enabled=false")  # saves the budget's group too
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    saved = torch.load(dense / "checkpoints" / "dense.ckpt", map_location="cpu", weights_only=True)
+    assert [g["lr"] for g in saved["optimizer_states"][0]["param_groups"][1:]] == [0.1, 0.05]
+    fork = tmp_path / "fork"
+    proc = run_train(fork, f"resume={dense / 'checkpoints' / 'dense.ckpt'}", *budget, "pruning.gate_lr=0.3",
+                     "pruning.lagrangian_lr=0.7", "gated_steps=4", "export.enabled=false", "trainer.log_every_n_steps=1",
+                     "+callbacks.lr={_target_:lightning.pytorch.callbacks.LearningRateMonitor,logging_interval:step}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [r for r in csv.DictReader((fork / "csv" / "metrics.csv").open()) if r.get("lr-AdamW/pg2")]
+    assert rows and {(float(r["lr-AdamW/pg2"]), float(r["lr-AdamW/pg3"])) for r in rows} == {(0.3, 0.7)}
+    last = torch.load(fork / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert [g["lr"] for g in last["optimizer_states"][0]["param_groups"][1:]] == [0.3, 0.7]
+    assert last["lr_schedulers"][0]["base_lrs"][1:] == [0.3, 0.7]

@@ -358,3 +358,17 @@ class GatedSeq2Seq(L.LightningModule):
         drop_unused_gates(checkpoint, self.gates)  # one that gates fewer (the every-kind default's dense.ckpt)
         # a fork from a checkpoint another method wrote: the method fits its own state and optimiser groups
         self.pruning.migrate_checkpoint(checkpoint, self.budget, prefix="budget.")
+        self._take_own_learning_rates(checkpoint)
+
+    def _take_own_learning_rates(self, checkpoint: dict) -> None:
+        """The gates' and the method's optimiser groups train at this run's rates (``pruning.gate_lr``, a budget's
+        ``lagrangian_lr``), not at those the checkpoint saved: a fork that sets them gets them (it silently kept the
+        checkpoint's). The model's group keeps the checkpoint's schedule (``gatedprune.training.schedule``)."""
+        lrs = [self.pruning.gate_lr] + [group["lr"] for group in self.pruning.param_groups(self.budget)]
+        for optimizer in checkpoint.get("optimizer_states", []):
+            for group, lr in zip(optimizer["param_groups"][1:], lrs):
+                group["lr"] = group["initial_lr"] = lr
+        for scheduler in checkpoint.get("lr_schedulers", []):  # LambdaLR: a constant 1 for these groups
+            for key in ("base_lrs", "_last_lr"):
+                if key in scheduler:
+                    scheduler[key] = scheduler[key][:1] + lrs
