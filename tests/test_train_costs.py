@@ -4,6 +4,7 @@ refused in one line."""
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -43,6 +44,11 @@ def test_a_latency_target_is_measured_cached_and_met(tmp_path):
     kept = price(bart_structures(load_pruned(run / "pruned"))) / price(SMOKE_STRUCTURES)
     assert report["predicted"]["latency"] == pytest.approx(kept) and kept <= 0.6
     assert report["predicted"]["speed_up"] == pytest.approx(1 / kept)
+    # the log follows the expected latency beside the ramped target, which falls from 1 to 0.6 over the 5 warm-up steps
+    rows = [r for r in csv.DictReader(open(run / "csv" / "metrics.csv")) if r.get("train/expected_latency")]
+    targets = [float(r["train/target_latency"]) for r in rows]
+    assert rows and targets == sorted(targets, reverse=True) and targets[-1] == pytest.approx(0.6)
+    assert all(0 < float(r["train/expected_latency"]) <= 1 for r in rows)
 
 
 def test_a_flops_target_is_met_as_torch_counts_flops(tmp_path):

@@ -282,7 +282,8 @@ class L0Budget(GatedPruning):
         unit = self.cost_unit
         if unit is not None:
             self.cost_source = gate_costs(unit, model, gates, self.workload, self.cost_dirs)
-            return CostBudget(gates, unit, getattr(self, f"target_{unit}"), self.target_warmup_steps)
+            dense_run = self._gated_steps is not None and self._gated_steps < 1  # its floor cuts nothing: no refusal
+            return CostBudget(gates, unit, getattr(self, f"target_{unit}"), self.target_warmup_steps, dense_run)
         targets = resolve_targets(self.target_heads, gates)
         for kind, target in targets.items():
             layers = gates.kinds.count(kind)
@@ -298,7 +299,11 @@ class L0Budget(GatedPruning):
 
     def penalty(self, gates: HeadGates, state: HeadBudget | CostBudget, gated_step: int) -> tuple[torch.Tensor, dict]:
         penalty = state(gated_step)
-        return penalty, {"train/lagrangian": penalty, "train/lambda1": state.lambda1.sum()}
+        logs = {"train/lagrangian": penalty, "train/lambda1": state.lambda1.sum()}
+        if isinstance(state, CostBudget):  # how far the expected cost has come down, beside where the ramp has it
+            logs[f"train/expected_{state.unit}"] = state.expected_fraction().detach().squeeze()
+            logs[f"train/target_{state.unit}"] = state.target_fraction(gated_step).squeeze()
+        return penalty, logs
 
     def export_rule(self, state: HeadBudget | CostBudget) -> tuple[str, dict | int | float]:
         if isinstance(state, CostBudget):  # the most open structures whose cost fits the target
