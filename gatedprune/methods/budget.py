@@ -133,18 +133,19 @@ class CostBudget(_Lagrangian):
     unit: ``params`` (non-embedding parameters), ``flops`` or ``latency`` of ``pruning.workload``
     (``gatedprune.costs``); s = (cost the gates cannot remove + expected kept prunable cost) / dense cost,
     nesting-aware (``StructureCosts.expected``); the same Lagrangian as ``HeadBudget``, its target ramping from 1.
-    A target below what removing every prunable structure reaches is refused with that floor.
+    A target below what removing every prunable structure reaches is refused with that floor, unless the run gates
+    nothing (``gates_nothing``: a dense run, the default's dense phase alone, which only measures and caches the fit).
     """
 
     WHAT = {"params": "non-embedding parameters", "flops": "FLOPs", "latency": "predicted latency"}
 
-    def __init__(self, gates: HeadGates, unit: str, target: float, warmup_steps: int):
+    def __init__(self, gates: HeadGates, unit: str, target: float, warmup_steps: int, gates_nothing: bool = False):
         super().__init__()
         self.gates = [gates]
         self.unit = unit
         self.costs = gates.costs[unit]
         floor = self.costs.floor
-        if target < floor:
+        if target < floor and not gates_nothing:
             least = math.ceil(floor * 10_000) / 10_000  # rounded up: the value shown is allowed
             raise ValueError(f"pruning.target_{unit}={target} is below what removing every gated structure reaches "
                              f"({least} of the dense model's {self.WHAT[unit]}); allowed: a fraction in [{least}, 1)")
