@@ -149,6 +149,10 @@ def test_smoke_runs_do_not_time_and_full_runs_do(tmp_path):
     assert full == SpeedOptions(speed=True, batches=(1, 32), source_tokens=32, new_tokens=32, repeats=3, threads=1)
     assert speed_options(compose_train(tmp_path, "pruning.workload.threads=2").report).threads == 2
     assert speed_options(compose_train(tmp_path, "pruning=l0").report).threads is None  # no prediction: as torch is
+    # a comparison times every method at one count, those with a workload (l0_budget, random) and those without
+    for method in ("l0_budget_24", "michel", "random_1", "dense"):
+        cfg = compose_train(tmp_path, "experiment=compare", f"+compare={method}")
+        assert speed_options(cfg.report).threads == 1, method
     assert speed_options(None) == SpeedOptions()  # a config recorded before report existed
 
 
