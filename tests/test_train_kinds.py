@@ -114,13 +114,12 @@ def test_the_every_kind_default_dense_checkpoint_forks_into_a_heads_only_run(tmp
     assert len(gates) == len(heads) and all((v != 3.0).any() for v in gates.values())  # the heads' gates trained
     assert last["state_dict"]["gates._extra_state"]["paths"] == [extra["paths"][i] for i in heads]
     assert json.loads((fork / "pruned" / "export_report.json").read_text())["verification"]["passed"]
-    # a checkpoint whose other gates have trained is not cut down: dropping them would change the model
-    from hydra.utils import instantiate
-
-    gated = torch.load(source / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)  # step 12
-    method = instantiate(compose_train(tmp_path / "x", "experiment=smoke").pruning)
-    assert method.checkpoint_kinds(dense) == tuple(ALL_KINDS)
-    assert method.checkpoint_kinds(gated) == ("encoder", "decoder", "cross")  # refused by check_resumable
+    # a checkpoint whose other gates have trained (step 12: two gated steps) is not cut down: dropping them would
+    # change the model; the run is refused in one line, before its directory is made
+    refused = run_train(tmp_path / "refused", f"resume={source / 'checkpoints' / 'last.ckpt'}", *HARD)
+    assert refused.returncode == 2 and not (tmp_path / "refused").exists()
+    assert (f"gates {list(ALL_KINDS)} but pruning.kinds is ['encoder', 'decoder', 'cross']; resume with the settings "
+            "that wrote it") in error_line(refused)
 
 
 def test_an_old_heads_only_run_resumes_with_every_kind(tmp_path):
