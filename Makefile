@@ -22,6 +22,6 @@ smoke: setup
 	$(OFFLINE) $(BIN)/python train.py experiment=smoke $(ARGS)
 
 # both cores: one torch thread per process (tests/conftest.py), two workers; loadfile keeps a file's module
-# fixtures (trained runs) built once, on one worker
+# fixtures (trained runs) built once, on one worker; the 15 slowest tests are listed at the end (the suite's budget)
 test: setup
-	$(OFFLINE) $(BIN)/python -m pytest -n 2 --dist loadfile $(ARGS)
+	$(OFFLINE) $(BIN)/python -m pytest -n 2 --dist loadfile --durations=15 $(ARGS)
