@@ -245,7 +245,9 @@ def test_the_default_run_prunes_as_the_speed_quality_page_best_gated_protocol(tm
     BLEU there): the default's pruning is the grid's SHORT_GATES at that target, and its gated phase is as short."""
     bench = _load("speed_quality")
     default = compose_train(tmp_path)
-    page = compose_train(tmp_path, *(o.format(t=0.67) for o in bench.SHORT_GATES))
+    # with the faster controller the page's last section measured against l0_budget's own rates
+    page = compose_train(tmp_path, *(o.format(t=0.67) for o in bench.SHORT_GATES), "pruning.gate_lr=0.3",
+                         "pruning.lagrangian_lr=0.5")
     assert default.pruning == page.pruning and default.pruning._target_ == "gatedprune.methods.gated.L0Budget"
     assert default.trainer.max_steps - default.dense_steps == next(
         m.gated_steps for m in bench.GRID if m.overrides == bench.SHORT_GATES)
