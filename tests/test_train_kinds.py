@@ -114,6 +114,16 @@ def test_the_every_kind_default_dense_checkpoint_forks_into_a_heads_only_run(tmp
     assert len(gates) == len(heads) and all((v != 3.0).any() for v in gates.values())  # the heads' gates trained
     assert last["state_dict"]["gates._extra_state"]["paths"] == [extra["paths"][i] for i in heads]
     assert json.loads((fork / "pruned" / "export_report.json").read_text())["verification"]["passed"]
+    # a heads-only method with state of its own (a head budget's multipliers, the optimiser's third group): the
+    # dropped gates' optimiser indices close up under it, and its multipliers train
+    budget = tmp_path / "budget"
+    proc = run_train(budget, f"resume={source / 'checkpoints' / 'dense.ckpt'}", "pruning=l0_budget",
+                     "pruning.target_heads=12", "gated_steps=5", "export.enabled=false")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = torch.load(budget / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    groups = last["optimizer_states"][0]["param_groups"]
+    assert len(groups[1]["params"]) == len(heads) and last["state_dict"]["budget.lambda1"].abs().sum() > 0
+    assert groups[2]["params"] == [sum(len(g["params"]) for g in groups[:2]) + i for i in range(2)]
     # a checkpoint whose other gates have trained (step 12: two gated steps) is not cut down: dropping them would
     # change the model; the run is refused in one line, before its directory is made
     refused = run_train(tmp_path / "refused", f"resume={source / 'checkpoints' / 'last.ckpt'}", *HARD)
