@@ -166,13 +166,10 @@ class GatedPruning(Method):
                 groups.append({**groups[1], "params": list(range(first, first + count)), "lr": wanted["lr"],
                                "initial_lr": wanted["lr"], "weight_decay": wanted["weight_decay"]})
                 first += count
-        lrs = [group["lr"] for group in groups_now]
+        # the scheduler's rates for these groups are this run's (GatedSeq2Seq._take_own_learning_rates)
         for scheduler in checkpoint.get("lr_schedulers", []):
-            for key in ("base_lrs", "_last_lr"):
-                if key in scheduler and len(scheduler[key]) != expected:
-                    scheduler[key] = scheduler[key][:2] + lrs
             if "lr_lambdas" in scheduler:
-                scheduler["lr_lambdas"] = (scheduler["lr_lambdas"] + [None] * len(lrs))[:expected]
+                scheduler["lr_lambdas"] = (scheduler["lr_lambdas"] + [None] * len(groups_now))[:expected]
 
     def settles_from(self) -> int:
         """Gated steps before which the plan is still meant to move, so ``stop_when_stable`` does not count it."""
