@@ -166,6 +166,8 @@ def test_heads_only_at_a_parameter_budget(model_of):
 
 
 WORKLOAD = Workload(source_tokens=6, target_tokens=4, batch=1, repeats=1)
+
+
 def _generate(model):
     src = torch.randint(3, model.config.vocab_size - 1, (WORKLOAD.batch, WORKLOAD.source_tokens),
                         generator=torch.Generator().manual_seed(0))
