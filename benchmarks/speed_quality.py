@@ -144,8 +144,10 @@ def overrides(run: Run, source: Path, runs_dir: Path, steps: dict, settings: dic
     fill = {"t": run.target, "heads": settings["heads"], "layers": settings["layers"], "cache": runs_dir / "seqkd_cache"}
     args = [part.format(**fill) for part in run.method.overrides]
     args += [f"hydra.run.dir={runs_dir / run.slug}", f"seed={run.seed}", *settings.get("extra", ())]
-    if run.method.scratch:  # the same data and schedule, every step dense, then shipped as it is
-        return [*args, "resume=auto", f"dense_steps={total}", f"trainer.max_steps={total}"]
+    if run.method.scratch:  # the same data and schedule, every step dense, then shipped as it is: a dense run of
+        # the heads' L0 (the default's speed target would refuse a run with no gated step), no fine-tuning after it
+        return [*args, "pruning=l0", "resume=auto", f"dense_steps={total}", f"trainer.max_steps={total}",
+                "finetune.steps=0"]
     args += [f"resume={source / 'checkpoints' / 'dense.ckpt'}", f"gated_steps={gated}"]
     args += [f"pruning.workload.{k}={v}" for k, v in settings["workload"].items()] if run.method.costed else []
     return [*args, f"finetune.steps={tuning if run.method.trains_first else after}"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra.utils import instantiate
 
 from gatedprune.structures.adapters import attention_sites
 from gatedprune.surgery.cut import prune_heads
@@ -229,6 +230,13 @@ def test_speed_quality_grid_gives_every_method_the_same_training_after_the_check
     assert "gated_steps=100" in short and "finetune.steps=300" in short
     scratch = args("scratch_decoder_1")
     assert {"resume=auto", "dense_steps=3000", "trainer.max_steps=3000"} <= set(scratch)  # a cut-off run goes on
+    for method in (m for m in bench.GRID if m.scratch):  # set up as train.py would: a dense run of exactly 3000 steps
+        line = [a for a in args(method.name) if not a.startswith("hydra.")]
+        cfg = compose_train(tmp_path / method.name, *line)
+        pruning = instantiate(cfg.pruning, _convert_="all")
+        pruning.check_schedule(cfg.trainer.max_steps)  # the default's speed target refused a run with no gated step
+        tuning = pruning.check_outputs(instantiate(cfg.export), instantiate(cfg.finetune), tmp_path / method.name)
+        assert cfg.dense_steps == cfg.trainer.max_steps == 3000 and tuning.steps == 0  # no training after the 3000
     # every point at the first seed first, the from-scratch models last
     firsts = 7 * 3 + 3
     assert {run.seed for run in runs[:firsts]} == {1234} and all(run.method.scratch for run in runs[-2:])
