@@ -99,6 +99,7 @@ def test_random_draws_at_the_latency_the_gated_forks_are_budgeted_with(tmp_path)
         assert kept <= budget and metrics["export"]["predicted"]["latency"] == pytest.approx(kept)
         assert metrics["target_latency"] == budget and metrics["target_params"] is None
         assert metrics["settings"]["costs"]["source"] == "measured"
+        assert metrics["settings"]["costs"]["fit_error"] == pytest.approx(0, abs=1e-9)  # the fake clock is linear
     assert "latency budget" in proc.stdout
     again = run_train(tmp_path / "random2", f"resume={dense}", "pruning=random", "pruning.latency=[0.6]", "seed=3",
                       EVERY_KIND, *SMALL, prefix=FAKE_TIMER)

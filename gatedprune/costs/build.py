@@ -21,7 +21,8 @@ from gatedprune.shipping.export import dense_copy  # the gated model without its
 
 
 def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = (), timer=None) -> tuple[LinearCost, dict]:
-    """(cost, where it came from: {"source": "table" | "cache" | "measured", "path", "device", "probes"?})."""
+    """(cost, where it came from: {"source": "table" | "cache" | "measured", "path", "device", and for a measured
+    fit its "probes" and "fit_error", the largest relative error over them})."""
     wanted = table.key(model, workload)
     if workload.table is not None:
         saved, cost = table.read(Path(workload.table))
@@ -37,7 +38,8 @@ def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = 
     print(f"measuring latency per structure ({workload.runtime}, batch {workload.batch}, {workload.source_tokens} -> "
           f"{workload.target_tokens} tokens, beams {workload.num_beams}, {wanted['device']})")
     cost, probes = latency.fit_latency(dense_copy(model), workload, timer or TIMERS[workload.runtime])
-    info = {"source": "measured", "path": None, "device": wanted["device"], "probes": probes}
+    info = {"source": "measured", "path": None, "device": wanted["device"], "probes": probes,
+            "fit_error": latency.fit_error(probes)}
     for directory in cache_dirs:  # the first that takes it: beside the checkpoint forked, else the run's own
         try:
             table.save(Path(directory) / name, wanted, cost, probes)

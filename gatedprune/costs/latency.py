@@ -11,6 +11,12 @@ relative errors, since a prediction is judged by its ratio to the measurement; a
 negative (timing noise on a cheap kind) is held at 0 and the rest refitted. The expected latency of the gates is
 then linear in their nested P(open) (``linear.StructureCosts``), as the budget needs.
 
+A fit is checked against its own probes: on a shared machine a burst of load can inflate several probes' times
+at once (seen here: the dense probe predicted 33% off, probes that removed structures timed 50% slower than the
+dense model), and such a fit prices structures by the load, not by what they cost. Where the largest relative error
+over the probes exceeds ``workload.fit_tolerance`` the probes are timed again, up to ``workload.fit_attempts``
+timings in all, and the fit with the smallest largest error is kept (``fit_error`` says what it was).
+
 The timer is a parameter: ``timer(models, workload) -> [seconds]`` (``timers``), so a test can inject a fake one.
 """
 
@@ -75,16 +81,35 @@ def fit(rows: list[dict[str, int]], seconds: list[float]) -> tuple[float, dict[s
     return float(c[0]), {**dict.fromkeys(constant, 0.0), **{k: float(v) for k, v in zip(kinds, c[1:])}}
 
 
+def fit_error(table: list[dict]) -> float:
+    """The largest relative error of a fit over its probes (``fit_latency``'s rows): max_j |predicted_j / t_j - 1|."""
+    return max(abs(row["predicted"] / row["seconds"] - 1) for row in table)
+
+
 def fit_latency(model: nn.Module, workload: Workload, timer) -> tuple[LinearCost, list[dict]]:
-    """Time the probes of ``model`` with ``timer`` and fit; returns the cost and one row per probe (name,
-    structures, seconds measured and predicted)."""
+    """Time the probes of ``model`` with ``timer`` and fit, timing them again while the fit misses its own probes by
+    more than ``workload.fit_tolerance``; returns the cost and one row per probe (name, structures, seconds measured
+    and predicted) of the fit kept."""
     probes = probe_models(model, workload.probe_fractions)
-    seconds = timer([m for _, m in probes], workload)
-    if any(not (s > 0 and math.isfinite(s)) for s in seconds):
-        raise ValueError(f"the latency timer returned {seconds}: every time must be a positive number of seconds")
     rows = [features(m) for _, m in probes]
-    base, coefficients = fit(rows, seconds)
-    cost = LinearCost("latency", base, coefficients)
-    table = [{"probe": name, "structures": row, "seconds": s, "predicted": cost.of(m)}
-             for (name, m), row, s in zip(probes, rows, seconds)]
-    return cost, table
+    best = None
+    for attempt in range(1, workload.fit_attempts + 1):
+        seconds = timer([m for _, m in probes], workload)
+        if any(not (s > 0 and math.isfinite(s)) for s in seconds):
+            raise ValueError(f"the latency timer returned {seconds}: every time must be a positive number of seconds")
+        base, coefficients = fit(rows, seconds)
+        cost = LinearCost("latency", base, coefficients)
+        table = [{"probe": name, "structures": row, "seconds": s, "predicted": cost.of(m)}
+                 for (name, m), row, s in zip(probes, rows, seconds)]
+        error = fit_error(table)
+        if best is None or error < best[0]:
+            best = (error, cost, table)
+        if error <= workload.fit_tolerance:
+            break
+        worst = max(table, key=lambda r: abs(r["predicted"] / r["seconds"] - 1))["probe"]
+        again = attempt < workload.fit_attempts
+        print(f"{'note' if again else 'warning'}: the latency fit misses its probe {worst!r} by {error:.0%} "
+              f"(pruning.workload.fit_tolerance={workload.fit_tolerance:g}; a busy machine?): "
+              + (f"timing the probes again ({attempt + 1} of {workload.fit_attempts})" if again else
+                 f"kept the closest of {attempt} fits, {best[0]:.0%} off: its predictions are that uncertain"))
+    return best[1], best[2]

@@ -28,11 +28,15 @@ class Workload:
     quantization: str | None = None  # ct2 only: the compute type timed (int8, ...); None: float32
     repeats: int = 3  # timings per probe model (median), alternating between them
     probe_fractions: tuple = (0.5, 0.0)  # each kind shrunk to these fractions of its structures, one copy each
+    # the probes are timed again while the fit misses one of them by more than this fraction (the 15% the fit is
+    # validated to in docs/benchmarks/cost_model.md), up to fit_attempts timings in all
+    fit_tolerance: float = 0.15
+    fit_attempts: int = 3
     table: str | None = None
 
     def __post_init__(self) -> None:
         check_numbers("pruning.workload", self)
-        for name in ("source_tokens", "target_tokens", "batch", "num_beams", "repeats"):
+        for name in ("source_tokens", "target_tokens", "batch", "num_beams", "repeats", "fit_attempts"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"pruning.workload.{name}={value!r}; allowed: an integer >= 1")
@@ -46,6 +50,8 @@ class Workload:
         if self.quantization is not None and self.runtime != "ct2":
             raise ValueError(f"pruning.workload.quantization={self.quantization!r} with runtime {self.runtime}; "
                              "allowed: null (a compute type is CTranslate2's: runtime ct2)")
+        if not self.fit_tolerance > 0:  # a number (check_numbers)
+            raise ValueError(f"pruning.workload.fit_tolerance={self.fit_tolerance!r}; allowed: a fraction > 0")
         fractions = tuple(self.probe_fractions)
         if not fractions or any(isinstance(f, bool) or not 0 <= f < 1 for f in fractions):
             raise ValueError(f"pruning.workload.probe_fractions={list(fractions)}; allowed: one or more fractions "
