@@ -251,13 +251,16 @@ def latency_command(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runtime", default=defaults.runtime, help="torch (generate()) or ct2 (CTranslate2)")
     parser.add_argument("--device", default=defaults.device, help="cpu or cuda")
     parser.add_argument("--quantization", default=None, help="ct2 only: the compute type to time (int8, ...)")
+    parser.add_argument("--fit-tolerance", type=float, default=defaults.fit_tolerance,
+                        help="time the probes again while the fit misses one by more than this fraction")
+    parser.add_argument("--fit-attempts", type=int, default=defaults.fit_attempts, help="timings of the probes at most")
     args = parser.parse_args(argv)
     set_offline_defaults()
     quiet_loading()
 
     def run() -> None:
         from gatedprune.costs import table
-        from gatedprune.costs.latency import fit_latency
+        from gatedprune.costs.latency import fit_error, fit_latency
         from gatedprune.costs.timers import TIMERS
         from gatedprune.surgery.model_loading import load_seq2seq
 
@@ -268,7 +271,7 @@ def latency_command(argv: Sequence[str] | None = None) -> int:
         try:
             workload = Workload(**{k: getattr(args, k) for k in ("source_tokens", "target_tokens", "batch", "num_beams",
                                                                  "threads", "repeats", "runtime", "device",
-                                                                 "quantization")})
+                                                                 "quantization", "fit_tolerance", "fit_attempts")})
         except ValueError as err:  # named as this command takes it: --num-beams, not pruning.workload.num_beams
             raise ValueError(re.sub(r"pruning\.workload\.(\w+)", lambda m: "--" + m[1].replace("_", "-"), str(err)))
         model = load_seq2seq(args.model_dir).float().eval()
@@ -276,7 +279,8 @@ def latency_command(argv: Sequence[str] | None = None) -> int:
         cost, probes = fit_latency(model, workload, TIMERS[workload.runtime])
         table.save(out, key, cost, probes)
         print(f"wrote {out}: {1000 * cost.base:.2f} ms per call + per structure "
-              + ", ".join(f"{k} {1000 * v:.4f} ms" for k, v in cost.coefficients.items()) + f" ({key['device']})")
+              + ", ".join(f"{k} {1000 * v:.4f} ms" for k, v in cost.coefficients.items()) + f" ({key['device']}; "
+              f"largest error over its {len(probes)} probes {fit_error(probes):.1%})")
 
     return run_reported(run)
 

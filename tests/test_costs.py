@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -174,7 +175,7 @@ def test_a_machine_loaded_at_every_timing_keeps_the_fit_closest_to_its_probes(ba
         errors.append(max(abs((base + sum(c[k] * r[k] for k in c)) / s - 1) for r, s in zip(rows, seconds)))
     assert [p["seconds"] for p in probes] == timer.calls[errors.index(min(errors))] == timer.calls[1]
     assert latency.fit_error(probes) == pytest.approx(min(errors)) and min(errors) > WORKLOAD.fit_tolerance
-    assert f"kept the closest of 3 fits, {min(errors):.0%} off" in capsys.readouterr().out
+    assert f"kept the closest of the 3 timings' fits, {min(errors):.0%} off" in capsys.readouterr().out
 
 
 def test_a_timer_that_returns_nonsense_is_refused(bart3):
@@ -204,7 +205,8 @@ def test_a_table_from_another_machine_is_used_and_checked(bart3, tmp_path):
     server.write_text(json.dumps(data))
     refused = lambda *a: pytest.fail("a table was given: nothing is timed")  # noqa: E731
     used, info = latency_cost(bart3, Workload(**{**WORKLOAD.__dict__, "table": str(server)}), [], refused)
-    assert used == cost and info == {"source": "table", "path": str(server), "device": "the user's server"}
+    assert used == cost and info == {"source": "table", "path": str(server), "device": "the user's server",
+                                     "fit_error": pytest.approx(0, abs=1e-9)}
     other = prune_heads(copy.deepcopy(bart3), {probe(bart3).layers["decoder"]: [0, 1]})
     with pytest.raises(ValueError, match=r"was measured for shapes structures=.*this run has .*allowed: a table"):
         latency_cost(other, Workload(**{**WORKLOAD.__dict__, "table": str(server)}), [], refused)
@@ -310,9 +312,25 @@ def test_gatedprune_latency_writes_a_table_a_run_elsewhere_takes(bart3, tmp_path
     refused = lambda *a: pytest.fail("a table was given: nothing is timed")  # noqa: E731
     cost, info = latency_cost(bart3, Workload(**{**WORKLOAD.__dict__, "table": str(out)}), [], refused)
     assert info["source"] == "table" and cost.coefficients["decoder_layer"] == pytest.approx(TRUE["decoder_layer"])
+    assert info["fit_error"] == pytest.approx(0, abs=1e-9)  # the probes it was fitted to travel with it
     assert latency_command([str(tmp_path / "model"), str(tmp_path / "bad.json"), "--num-beams", "0"]) == 2
     assert "error: --num-beams=0; allowed: an integer >= 1" in capsys.readouterr().err
+    assert latency_command([str(tmp_path / "model"), str(tmp_path / "bad.json"), "--fit-tolerance", "0"]) == 2
+    assert "error: --fit-tolerance=0.0; allowed: a fraction > 0" in capsys.readouterr().err
     assert not (tmp_path / "bad.json").exists()
+
+
+def test_a_cached_fit_that_misses_its_probes_is_reused_with_a_warning(bart3, tmp_path, capsys):
+    _, info = latency_cost(bart3, WORKLOAD, [tmp_path], fake_timer())
+    path = Path(info["path"])
+    saved = json.loads(path.read_text())
+    saved["probes"][3]["seconds"] = saved["probes"][3]["predicted"] / 1.3  # timed 30% faster than the fit says
+    path.write_text(json.dumps(saved))
+    capsys.readouterr()
+    refused = lambda *a: pytest.fail("a cached fit is reused, not timed again")  # noqa: E731
+    _, again = latency_cost(bart3, WORKLOAD, [tmp_path], refused)
+    assert again["source"] == "cache" and again["fit_error"] == pytest.approx(0.3)
+    assert f"warning: the latency fit {path} misses its probes by up to 30%" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("unit, kinds", [("latency", ALL_KINDS), ("flops", ("encoder", "decoder", "cross")),

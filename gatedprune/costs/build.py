@@ -25,21 +25,25 @@ def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = 
     fit its "probes" and "fit_error", the largest relative error over them})."""
     wanted = table.key(model, workload)
     if workload.table is not None:
-        saved, cost = table.read(Path(workload.table))
+        saved, cost, probes = table.read(Path(workload.table))
         table.check_match(Path(workload.table), saved, wanted)
-        return cost, {"source": "table", "path": str(workload.table), "device": saved["device"]}
+        return cost, _checked({"source": "table", "path": str(workload.table), "device": saved["device"]}, probes,
+                              workload)
     name = table.file_name(wanted)
     for directory in cache_dirs:
         path = Path(directory) / name
         if path.is_file():
-            saved, cost = table.read(path)
+            saved, cost, probes = table.read(path)
             if saved == wanted:  # a hash collision, or an edited file, is measured again
-                return cost, {"source": "cache", "path": str(path), "device": saved["device"]}
+                return cost, _checked({"source": "cache", "path": str(path), "device": saved["device"]}, probes,
+                                      workload)
     print(f"measuring latency per structure ({workload.runtime}, batch {workload.batch}, {workload.source_tokens} -> "
           f"{workload.target_tokens} tokens, beams {workload.num_beams}, {wanted['device']})")
     cost, probes = latency.fit_latency(dense_copy(model), workload, timer or TIMERS[workload.runtime])
     info = {"source": "measured", "path": None, "device": wanted["device"], "probes": probes,
             "fit_error": latency.fit_error(probes)}
+    print(f"latency fit: {1000 * cost.base:.2f} ms per call plus each structure's cost; its largest error over its "
+          f"{len(probes)} probes {info['fit_error']:.1%}")
     for directory in cache_dirs:  # the first that takes it: beside the checkpoint forked, else the run's own
         try:
             table.save(Path(directory) / name, wanted, cost, probes)
@@ -49,6 +53,19 @@ def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = 
         info["path"] = str(Path(directory) / name)
         break
     return cost, info
+
+
+def _checked(info: dict, probes: list[dict], workload: Workload) -> dict:
+    """``info`` of a fit read from a file, with its largest error over the probes it was fitted to (when the file
+    keeps them), and a warning above ``workload.fit_tolerance``: such a fit is reused, not measured again."""
+    if not probes:
+        return info
+    error = latency.fit_error(probes)
+    if error > workload.fit_tolerance:
+        print(f"warning: the latency fit {info['path']} misses its probes by up to {error:.0%} (pruning.workload."
+              f"fit_tolerance={workload.fit_tolerance:g}): its predictions are that uncertain; delete it to measure "
+              "again")
+    return {**info, "fit_error": error}
 
 
 def linear_cost(unit: str, model: nn.Module, workload: Workload, cache_dirs=(), timer=None) -> tuple[LinearCost, dict]:

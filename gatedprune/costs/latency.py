@@ -12,8 +12,8 @@ negative (timing noise on a cheap kind) is held at 0 and the rest refitted. The 
 then linear in their nested P(open) (``linear.StructureCosts``), as the budget needs.
 
 A fit is checked against its own probes: on a shared machine a burst of load can inflate several probes' times
-at once (seen here: the dense probe predicted 33% off, probes that removed structures timed 50% slower than the
-dense model), and such a fit prices structures by the load, not by what they cost. Where the largest relative error
+at once (seen here: the dense probe predicted 33% off, probes that removed structures timed up to 60% slower than
+the dense model), and such a fit prices structures by the load, not by what they cost. Where the largest relative error
 over the probes exceeds ``workload.fit_tolerance`` the probes are timed again, up to ``workload.fit_attempts``
 timings in all, and the fit with the smallest largest error is kept (``fit_error`` says what it was).
 
@@ -111,5 +111,6 @@ def fit_latency(model: nn.Module, workload: Workload, timer) -> tuple[LinearCost
         print(f"{'note' if again else 'warning'}: the latency fit misses its probe {worst!r} by {error:.0%} "
               f"(pruning.workload.fit_tolerance={workload.fit_tolerance:g}; a busy machine?): "
               + (f"timing the probes again ({attempt + 1} of {workload.fit_attempts})" if again else
-                 f"kept the closest of {attempt} fits, {best[0]:.0%} off: its predictions are that uncertain"))
+                 f"kept the closest of the {attempt} timings' fits, {best[0]:.0%} off: its predictions are that "
+                 "uncertain"))
     return best[1], best[2]

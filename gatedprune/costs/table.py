@@ -70,14 +70,15 @@ def save(path: Path, key_: dict, cost: LinearCost, probes: list[dict]) -> None:
                       "coefficients": cost.coefficients, "probes": probes})
 
 
-def read(path: Path) -> tuple[dict, LinearCost]:
-    """(key, cost) of a table file; ``ValueError`` naming the file for one that is not a latency table."""
+def read(path: Path) -> tuple[dict, LinearCost, list[dict]]:
+    """(key, cost, the probes it was fitted to, if saved) of a table file; ``ValueError`` naming the file for one
+    that is not a latency table."""
     try:
         data = json.loads(Path(path).read_text())
         if data.get("gatedprune_latency_table") != FORMAT:
             raise KeyError("gatedprune_latency_table")
         cost = LinearCost("latency", float(data["base"]), {k: float(v) for k, v in data["coefficients"].items()})
-        return data["key"], cost
+        return data["key"], cost, list(data.get("probes") or [])
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"pruning.workload.table={path}: not a gatedprune latency table ({type(err).__name__}: "
                          f"{err}); allowed: a file written by gatedprune-latency") from None

@@ -28,9 +28,10 @@ class Workload:
     quantization: str | None = None  # ct2 only: the compute type timed (int8, ...); None: float32
     repeats: int = 3  # timings per probe model (median), alternating between them
     probe_fractions: tuple = (0.5, 0.0)  # each kind shrunk to these fractions of its structures, one copy each
-    # the probes are timed again while the fit misses one of them by more than this fraction (the 15% the fit is
-    # validated to in docs/benchmarks/cost_model.md), up to fit_attempts timings in all
-    fit_tolerance: float = 0.15
+    # the probes are timed again while the fit misses one of them by more than this fraction, up to fit_attempts
+    # timings in all: above what the additive fit itself misses by on a quiet machine (up to 15% over the probes of
+    # docs/benchmarks/cost_model.json), below what a burst of load gave (24-33% in default runs)
+    fit_tolerance: float = 0.2
     fit_attempts: int = 3
     table: str | None = None
 
