@@ -234,7 +234,8 @@ def test_speed_quality_grid_gives_every_method_the_same_training_after_the_check
         line = [a for a in args(method.name) if not a.startswith("hydra.")]
         cfg = compose_train(tmp_path / method.name, *line)
         pruning = instantiate(cfg.pruning, _convert_="all")
-        pruning.check_schedule(cfg.trainer.max_steps)  # the default's speed target refused a run with no gated step
+        pruning.check_schedule(cfg.trainer.max_steps)
+        # the default's speed target refused a run with no gated step here (L0Budget.check_outputs)
         tuning = pruning.check_outputs(instantiate(cfg.export), instantiate(cfg.finetune), tmp_path / method.name)
         assert cfg.dense_steps == cfg.trainer.max_steps == 3000 and tuning.steps == 0  # no training after the 3000
     # every point at the first seed first, the from-scratch models last
