@@ -11,6 +11,8 @@ training. The smaller dense models trained from scratch take the checkpoint's st
     # time every shipped model against the dense one in one process, then write the page, its .json and plot
     .venv/bin/python benchmarks/speed_quality.py measure --source RUNS/converged --runs RUNS/sq --out docs/speed_quality
     .venv/bin/python benchmarks/speed_quality.py --quick --out DIR   # both, on the smoke model (the suite's check)
+    # a grid whose runs were lost with a machine: time the runs trained since, keep the earlier measurement's rows
+    .venv/bin/python benchmarks/speed_quality.py measure ... --keep docs/benchmarks/speed_quality.json --out docs/benchmarks
 
 ``GRID`` is the table of methods: a new one is a row. A latency target is the predicted latency kept
 (``pruning.target_latency``, ``pruning=random``'s ``pruning.latency``); what each model ships at is then measured:
@@ -28,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -404,14 +407,41 @@ def render(results: dict) -> str:
     if results.get("refused"):
         lines += ["", "Targets a method cannot reach (refused at set-up, nothing trained):", ""]
         lines += [f"- {slug}: {why}" for slug, why in results["refused"].items()]
+    if results.get("kept_from"):
+        lines += ["", f"Rows timed in an earlier measurement are kept from `{results['kept_from']}` (column `timed`), "
+                      "each with its speed-ups against the dense checkpoint timed beside it then."]
     lines += ["", "Every model (seed by seed):", ""]
     lines.append(markdown_table(
-        ["run", "test BLEU", "params", "predicted", "generate() b1", "b32", "ct2 b1", "ct2 b32"],
+        ["run", "test BLEU", "params", "predicted", "generate() b1", "b32", "ct2 b1", "ct2 b32", "timed"],
         [(r["run"], fmt(r["test_bleu"]), f"{r['params']:,}",
           fmt(r["predicted_speed_up"]) + ("x" if r["predicted_speed_up"] else ""),
           *(f"{r[k]['speed_up']:.2f}x" for k in ("transformers b1", "transformers b32", "ct2 float32 b1",
-                                                  "ct2 float32 b32"))) for r in results["rows"]]))
+                                                  "ct2 float32 b32")), r.get("measured") or results.get("date") or "-")
+         for r in results["rows"]]))
     return "\n".join(lines)
+
+
+def keep_earlier(results: dict, earlier: dict, path: Path) -> dict:
+    """``results`` with the rows of an ``earlier`` measurement (its json, ``path``) for the runs not timed now, so
+    a grid whose runs were lost with a machine grows by the runs trained since. Each kept row keeps the speed-ups it
+    was measured with, against the dense checkpoint timed beside it then, and says when (``measured``); the earlier
+    measurement must be of a checkpoint at the same step, and its targets refused stay refused."""
+    if earlier.get("checkpoint_step") != results["checkpoint_step"] or earlier.get("steps") != results["steps"]:
+        raise SystemExit(f"error: --keep {path} was measured from a checkpoint at step {earlier.get('checkpoint_step')} "
+                         f"with {earlier.get('steps')} training steps, this measurement from step "
+                         f"{results['checkpoint_step']} with {results['steps']}; allowed: a measurement of the same "
+                         "checkpoint and training")
+    timed = {row["run"] for row in results["rows"] if row["seed"] is not None}
+    when = earlier.get("date") or f"an earlier measurement ({path.name})"
+    kept = [{**row, "measured": row.get("measured") or when} for row in earlier["rows"]
+            if row["seed"] is not None and row["run"] not in timed]
+    merged = {**results, "rows": results["rows"] + kept, "refused": {**earlier.get("refused", {}), **results["refused"]},
+              "kept_from": str(path)}
+    if merged["checkpoint_test_bleu"] is None:  # no fork timed now (the from-scratch models only): the earlier score
+        merged["checkpoint_test_bleu"] = earlier["checkpoint_test_bleu"]
+        for row in merged["rows"][:2]:
+            row["test_bleu"] = earlier["checkpoint_test_bleu"]
+    return merged
 
 
 def checkpoint_facts(source: Path) -> dict:
@@ -439,6 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", default="0/1", help="i/n: train every n-th run from the i-th (n processes)")
     parser.add_argument("--quick", action="store_true", help="the smoke model, a few runs, both stages")
     parser.add_argument("--out", type=Path, default=None, help="DIR: writes DIR/speed_quality.{md,json,png}")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="measure: an earlier speed_quality.json of the same checkpoint whose rows for runs not "
+                             "timed now are kept, each with the speed-ups it was measured with then")
     args = parser.parse_args(argv)
     # the script times every model itself, side by side: the runs skip their own speed report
     extra, workload, methods, targets, seeds = ["report.speed=false"], {"repeats": args.repeats}, GRID, TARGETS, SEEDS
@@ -488,7 +521,10 @@ def main(argv: list[str] | None = None) -> int:
     results.update(command=command_line("speed_quality.py", sys.argv[1:] if argv is None else argv),
                    machine=machine(), versions=versions(), source=str(args.source), checkpoint_step=facts["step"],
                    checkpoint_test_bleu=checkpoint_bleu, steps=steps, timing=timing, refused=refused,
-                   ct2_gain_b1=results["rows"][0]["ct2_over_generate_b1"])
+                   ct2_gain_b1=results["rows"][0]["ct2_over_generate_b1"],
+                   date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    if args.keep:
+        results = keep_earlier(results, json.loads(args.keep.read_text()), args.keep)
     page = "# Speed against quality (issue 25, part 5)\n\n" + render(results)
     print(page)
     if args.out:

@@ -304,6 +304,31 @@ def test_speed_quality_quick_writes_its_page_from_its_runs(tmp_path, monkeypatch
         assert f"| {row['run']} |" in text
 
 
+def test_speed_quality_keeps_an_earlier_measurements_rows_for_the_runs_not_timed_now(tmp_path):
+    bench = _load("speed_quality")
+    path = ROOT / "docs" / "benchmarks" / "speed_quality.json"
+    earlier = json.loads(path.read_text())  # the grid measured before its machine was lost
+    retimed, new = earlier["rows"][2], {**earlier["rows"][2], "run": "scratch_decoder_1-s1234", "method": "scratch"}
+    fast = {"cpu_s": 1.0, "wall_s": 1.0, "speed_up": 9.0}
+    now = {**earlier, "date": "2026-12-03 10:00 UTC", "refused": {"x-lat0.1-s1234": "below the floor"},
+           "rows": [*earlier["rows"][:2], {**retimed, "transformers b1": fast}, {**new, "transformers b1": fast}]}
+    merged = bench.keep_earlier(json.loads(json.dumps(now)), earlier, path)
+    runs = [row["run"] for row in merged["rows"]]
+    assert runs[:4] == [row["run"] for row in now["rows"]] and len(runs) == len(set(runs[2:])) + 2
+    assert set(runs) == {row["run"] for row in earlier["rows"]} | {new["run"]}  # each run once, a re-timed one as now
+    assert merged["rows"][2]["transformers b1"]["speed_up"] == 9.0 and "measured" not in merged["rows"][2]
+    assert all(row["measured"] == "an earlier measurement (speed_quality.json)" for row in merged["rows"][4:])
+    assert merged["refused"] == {**earlier["refused"], **now["refused"]}
+    text = bench.render(merged)
+    assert f"Rows timed in an earlier measurement are kept from `{path}`" in text
+    assert f"| {new['run']} |" in text and text.count("| 2026-12-03 10:00 UTC |") == 4
+    lost = {**now, "checkpoint_test_bleu": None}  # only the from-scratch models timed now: the earlier score
+    assert bench.keep_earlier(json.loads(json.dumps(lost)), earlier, path)["rows"][0]["test_bleu"] == earlier[
+        "checkpoint_test_bleu"]
+    with pytest.raises(SystemExit, match=r"--keep .* from a checkpoint at step 5750 .* this measurement from step 6000"):
+        bench.keep_earlier({**now, "checkpoint_step": 6000}, earlier, path)
+
+
 def test_speed_quality_leaves_a_run_to_the_live_process_that_holds_it(tmp_path):
     claim = _load("speed_quality").claim
     lock = tmp_path / "gates_all-lat0.5-s1.pid"
