@@ -408,8 +408,10 @@ def render(results: dict) -> str:
         lines += ["", "Targets a method cannot reach (refused at set-up, nothing trained):", ""]
         lines += [f"- {slug}: {why}" for slug, why in results["refused"].items()]
     if results.get("kept_from"):
-        lines += ["", f"Rows timed in an earlier measurement are kept from `{results['kept_from']}` (column `timed`), "
-                      "each with its speed-ups against the dense checkpoint timed beside it then."]
+        lines += ["", f"Rows timed in an earlier measurement are kept from {results['kept_from']} (column `timed`), "
+                      "each with its speed-ups against the dense checkpoint timed beside it then"
+                  + (f"; that checkpoint scored {results['kept_checkpoint_test_bleu']:.2f} test BLEU then."
+                     if results.get("kept_checkpoint_test_bleu") is not None else ".")]
     lines += ["", "Every model (seed by seed):", ""]
     lines.append(markdown_table(
         ["run", "test BLEU", "params", "predicted", "generate() b1", "b32", "ct2 b1", "ct2 b32", "timed"],
@@ -435,12 +437,18 @@ def keep_earlier(results: dict, earlier: dict, path: Path) -> dict:
     when = earlier.get("date") or f"an earlier measurement ({path.name})"
     kept = [{**row, "measured": row.get("measured") or when} for row in earlier["rows"]
             if row["seed"] is not None and row["run"] not in timed]
-    merged = {**results, "rows": results["rows"] + kept, "refused": {**earlier.get("refused", {}), **results["refused"]},
-              "kept_from": str(path)}
-    if merged["checkpoint_test_bleu"] is None:  # no fork timed now (the from-scratch models only): the earlier score
-        merged["checkpoint_test_bleu"] = earlier["checkpoint_test_bleu"]
+    refused = {slug: why for slug, why in earlier.get("refused", {}).items() if slug.split("/")[0] not in timed}
+    merged = {**results, "rows": results["rows"] + kept, "refused": {**refused, **results["refused"]},
+              "kept_from": f"{path} ({earlier.get('machine', 'machine not recorded')})"}
+    then, now = earlier.get("checkpoint_test_bleu"), results["checkpoint_test_bleu"]
+    if now is None:  # no fork timed now (the from-scratch models only): the earlier score
+        merged["checkpoint_test_bleu"] = then
         for row in merged["rows"][:2]:
-            row["test_bleu"] = earlier["checkpoint_test_bleu"]
+            row["test_bleu"] = then
+    elif then is not None and abs(now - then) > 0.005:  # a checkpoint trained again need not be the same model
+        print(f"warning: the checkpoint scores {now:.2f} test BLEU now and {then:.2f} in {path}: the kept rows "
+              "were forked from another model of that step", file=sys.stderr)
+        merged["kept_checkpoint_test_bleu"] = then
     return merged
 
 
@@ -473,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure: an earlier speed_quality.json of the same checkpoint whose rows for runs not "
                              "timed now are kept, each with the speed-ups it was measured with then")
     args = parser.parse_args(argv)
+    if args.keep and args.stage != "measure":
+        parser.error("--keep is for the measure stage: it keeps an earlier measurement's rows beside what is timed")
     # the script times every model itself, side by side: the runs skip their own speed report
     extra, workload, methods, targets, seeds = ["report.speed=false"], {"repeats": args.repeats}, GRID, TARGETS, SEEDS
     if args.quick:

@@ -320,13 +320,27 @@ def test_speed_quality_keeps_an_earlier_measurements_rows_for_the_runs_not_timed
     assert all(row["measured"] == "an earlier measurement (speed_quality.json)" for row in merged["rows"][4:])
     assert merged["refused"] == {**earlier["refused"], **now["refused"]}
     text = bench.render(merged)
-    assert f"Rows timed in an earlier measurement are kept from `{path}`" in text
+    assert f"Rows timed in an earlier measurement are kept from {path} ({earlier['machine']})" in text
     assert f"| {new['run']} |" in text and text.count("| 2026-12-03 10:00 UTC |") == 4
-    lost = {**now, "checkpoint_test_bleu": None}  # only the from-scratch models timed now: the earlier score
-    assert bench.keep_earlier(json.loads(json.dumps(lost)), earlier, path)["rows"][0]["test_bleu"] == earlier[
-        "checkpoint_test_bleu"]
-    with pytest.raises(SystemExit, match=r"--keep .* from a checkpoint at step 5750 .* this measurement from step 6000"):
-        bench.keep_earlier({**now, "checkpoint_step": 6000}, earlier, path)
+    # only the from-scratch models timed now: the checkpoint's score is the earlier one's
+    lost = {**now, "checkpoint_test_bleu": None, "rows": [{**row, "test_bleu": None} for row in now["rows"][:2]]}
+    merged = bench.keep_earlier(json.loads(json.dumps(lost)), earlier, path)
+    assert merged["checkpoint_test_bleu"] == merged["rows"][0]["test_bleu"] == earlier["checkpoint_test_bleu"]
+    assert "test BLEU 23.98" in bench.render(merged)
+    # a checkpoint trained again that scores otherwise: the kept rows say which score they were forked at
+    other = bench.keep_earlier(json.loads(json.dumps({**now, "checkpoint_test_bleu": 24.5})), earlier, path)
+    assert other["kept_checkpoint_test_bleu"] == earlier["checkpoint_test_bleu"] == pytest.approx(23.98, abs=0.005)
+    assert "that checkpoint scored 23.98 test BLEU then" in bench.render(other)
+    assert "kept_checkpoint_test_bleu" not in bench.keep_earlier(json.loads(json.dumps(now)), earlier, path)
+    # a target refused then but timed now is no longer listed as refused
+    refused = {**earlier, "refused": {**earlier["refused"], f"{new['run']}": "below the floor"}}
+    assert new["run"] not in bench.keep_earlier(json.loads(json.dumps(now)), refused, path)["refused"]
+    for other in ({"checkpoint_step": 6000}, {"steps": {**now["steps"], "gated": 100}}):
+        with pytest.raises(SystemExit, match=r"--keep .* was measured from a checkpoint at step 5750 .* allowed: a "
+                                             r"measurement of the same checkpoint and training"):
+            bench.keep_earlier({**now, **other}, earlier, path)
+    with pytest.raises(SystemExit):  # argparse's one line: the train stage keeps nothing
+        bench.main(["train", "--source", str(tmp_path), "--runs", str(tmp_path), "--keep", str(path)])
 
 
 def test_speed_quality_leaves_a_run_to_the_live_process_that_holds_it(tmp_path):

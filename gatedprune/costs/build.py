@@ -62,9 +62,10 @@ def _checked(info: dict, probes: list[dict], workload: Workload) -> dict:
         return info
     error = latency.fit_error(probes)
     if error > workload.fit_tolerance:
+        again = ("delete it to measure again" if info["source"] == "cache" else
+                 "measure it again with gatedprune-latency on that machine")
         print(f"warning: the latency fit {info['path']} misses its probes by up to {error:.0%} (pruning.workload."
-              f"fit_tolerance={workload.fit_tolerance:g}): its predictions are that uncertain; delete it to measure "
-              "again")
+              f"fit_tolerance={workload.fit_tolerance:g}): its predictions are that uncertain; {again}")
     return {**info, "fit_error": error}
 
 
