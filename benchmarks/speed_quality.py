@@ -427,7 +427,8 @@ def keep_earlier(results: dict, earlier: dict, path: Path) -> dict:
     """``results`` with the rows of an ``earlier`` measurement (its json, ``path``) for the runs not timed now, so
     a grid whose runs were lost with a machine grows by the runs trained since. Each kept row keeps the speed-ups it
     was measured with, against the dense checkpoint timed beside it then, and says when (``measured``); the earlier
-    measurement must be of a checkpoint at the same step, and its targets refused stay refused."""
+    measurement must be of a checkpoint at the same step and training, and its refused targets stay refused unless
+    timed now."""
     if earlier.get("checkpoint_step") != results["checkpoint_step"] or earlier.get("steps") != results["steps"]:
         raise SystemExit(f"error: --keep {path} was measured from a checkpoint at step {earlier.get('checkpoint_step')} "
                          f"with {earlier.get('steps')} training steps, this measurement from step "

@@ -13,8 +13,8 @@ then linear in their nested P(open) (``linear.StructureCosts``), as the budget n
 
 A fit is checked against its own probes: on a shared machine a burst of load can inflate several probes' times
 at once (seen here: the dense probe predicted 33% off, probes that removed structures timed up to 60% slower than
-the dense model), and such a fit prices structures by the load, not by what they cost. Where the largest relative error
-over the probes exceeds ``workload.fit_tolerance`` the probes are timed again, up to ``workload.fit_attempts``
+the dense model), and such a fit prices structures by the load, not by what they cost. Where the largest relative
+error over the probes exceeds ``workload.fit_tolerance`` the probes are timed again, up to ``workload.fit_attempts``
 timings in all, and the fit with the smallest largest error is kept (``fit_error`` says what it was).
 
 The timer is a parameter: ``timer(models, workload) -> [seconds]`` (``timers``), so a test can inject a fake one.
@@ -81,9 +81,14 @@ def fit(rows: list[dict[str, int]], seconds: list[float]) -> tuple[float, dict[s
     return float(c[0]), {**dict.fromkeys(constant, 0.0), **{k: float(v) for k, v in zip(kinds, c[1:])}}
 
 
+def _error(row: dict) -> float:
+    """A probe's relative error, |predicted / t - 1|."""
+    return abs(row["predicted"] / row["seconds"] - 1)
+
+
 def fit_error(table: list[dict]) -> float:
     """The largest relative error of a fit over its probes (``fit_latency``'s rows): max_j |predicted_j / t_j - 1|."""
-    return max(abs(row["predicted"] / row["seconds"] - 1) for row in table)
+    return max(map(_error, table))
 
 
 def fit_latency(model: nn.Module, workload: Workload, timer) -> tuple[LinearCost, list[dict]]:
@@ -106,7 +111,7 @@ def fit_latency(model: nn.Module, workload: Workload, timer) -> tuple[LinearCost
             best = (error, cost, table)
         if error <= workload.fit_tolerance:
             break
-        worst = max(table, key=lambda r: abs(r["predicted"] / r["seconds"] - 1))["probe"]
+        worst = max(table, key=_error)["probe"]
         again = attempt < workload.fit_attempts
         print(f"{'note' if again else 'warning'}: the latency fit misses its probe {worst!r} by {error:.0%} "
               f"(pruning.workload.fit_tolerance={workload.fit_tolerance:g}; a busy machine?): "
