@@ -438,7 +438,8 @@ def keep_earlier(results: dict, earlier: dict, path: Path) -> dict:
     when = earlier.get("date") or f"an earlier measurement ({path.name})"
     kept = [{**row, "measured": row.get("measured") or when} for row in earlier["rows"]
             if row["seed"] is not None and row["run"] not in timed]
-    refused = {slug: why for slug, why in earlier.get("refused", {}).items() if slug.split("/")[0] not in timed}
+    slugs = {run.split("/")[0] for run in timed}  # a level's row is "<run>/<point>"; refusals name the run
+    refused = {slug: why for slug, why in earlier.get("refused", {}).items() if slug not in slugs}
     merged = {**results, "rows": results["rows"] + kept, "refused": {**refused, **results["refused"]},
               "kept_from": f"{path} ({earlier.get('machine', 'machine not recorded')})"}
     then, now = earlier.get("checkpoint_test_bleu"), results["checkpoint_test_bleu"]

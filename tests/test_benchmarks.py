@@ -332,9 +332,12 @@ def test_speed_quality_keeps_an_earlier_measurements_rows_for_the_runs_not_timed
     assert other["kept_checkpoint_test_bleu"] == earlier["checkpoint_test_bleu"] == pytest.approx(23.98, abs=0.005)
     assert "that checkpoint scored 23.98 test BLEU then" in bench.render(other)
     assert "kept_checkpoint_test_bleu" not in bench.keep_earlier(json.loads(json.dumps(now)), earlier, path)
-    # a target refused then but timed now is no longer listed as refused
-    refused = {**earlier, "refused": {**earlier["refused"], f"{new['run']}": "below the floor"}}
-    assert new["run"] not in bench.keep_earlier(json.loads(json.dumps(now)), refused, path)["refused"]
+    # a target refused then but timed now (a run's level: "<run>/<point>") is no longer listed as refused
+    level = {**new, "run": "random-lat0.33-s1234/latency_0.33"}
+    refused = {**earlier, "refused": {**earlier["refused"], new["run"]: "below the floor"}}
+    assert "random-lat0.33-s1234" in refused["refused"]
+    kept = bench.keep_earlier(json.loads(json.dumps({**now, "rows": [*now["rows"], level]})), refused, path)
+    assert not {new["run"], "random-lat0.33-s1234"} & set(kept["refused"])
     for other in ({"checkpoint_step": 6000}, {"steps": {**now["steps"], "gated": 100}}):
         with pytest.raises(SystemExit, match=r"--keep .* was measured from a checkpoint at step 5750 .* allowed: a "
                                              r"measurement of the same checkpoint and training"):
