@@ -12,6 +12,7 @@ training. The smaller dense models trained from scratch take the checkpoint's st
     .venv/bin/python benchmarks/speed_quality.py measure --source RUNS/converged --runs RUNS/sq --out docs/speed_quality
     .venv/bin/python benchmarks/speed_quality.py --quick --out DIR   # both, on the smoke model (the suite's check)
     # a grid whose runs were lost with a machine: time the runs trained since, keep the earlier measurement's rows
+    # (the checkpoint lost too: they are timed against an untrained dense model of its shapes, stand_in_reference)
     .venv/bin/python benchmarks/speed_quality.py measure ... --keep docs/benchmarks/speed_quality.json --out docs/benchmarks
 
 ``GRID`` is the table of methods: a new one is a row. A latency target is the predicted latency kept
@@ -256,18 +257,71 @@ def test_bleu(metrics: dict) -> float:
     return (test.get("pruned") or test["dense"])["bleu"]
 
 
-def measure(runs: list[Run], source: Path, runs_dir: Path, timing: dict) -> dict:
+@dataclasses.dataclass
+class Reference:
+    """What every model is timed against: the dense checkpoint (``load`` gives a fresh copy of it each call, in eval
+    mode, ungated), its tokenizer, and where it came from (``stand_in``: why it is not the checkpoint itself)."""
+
+    load: object
+    tokenizer: object
+    source: Path
+    stand_in: str | None = None
+
+
+def checkpoint_reference(source: Path) -> Reference:
+    def load():
+        model, gates = load_gated_checkpoint(source / "checkpoints" / "dense.ckpt")
+        gates.remove()
+        return model.eval()
+
+    return Reference(load, transformers.AutoTokenizer.from_pretrained(source / "tokenizer"), source)
+
+
+def stand_in_reference(source: Path, runs_dir: Path, earlier: dict) -> Reference:
+    """The checkpoint lost with its machine: a dense model of its shapes, untrained, built from the model config of
+    ``experiment=converge`` (the run that made it) and the tokenizer every run of the grid trains alike. The timings
+    generate exactly ``--new-tokens`` tokens per sentence, so weights do not change them; its parameters must be the
+    earlier measurement's checkpoint's, and its step and score are that measurement's."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from gatedprune.surgery.model_loading import load_model
+
+    tokenizers = sorted(runs_dir.glob("*/tokenizer/tokenizer.json"))
+    if not tokenizers:
+        raise SystemExit(f"error: {source / 'checkpoints' / 'dense.ckpt'} is missing and no run under {runs_dir} "
+                         "has a tokenizer to build a stand-in of its shapes with; allowed: a --source with its "
+                         "checkpoint, or --keep with runs trained since")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizers[0].parent)
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        model_cfg = compose("train", overrides=["experiment=converge", "paths.output_dir=."]).model
+
+    def load():
+        torch.manual_seed(0)  # both copies one model, as the checkpoint and its copy were
+        return load_model(tokenizer, from_scratch=OmegaConf.to_container(model_cfg.from_scratch),
+                          attn_implementation=model_cfg.attn_implementation).eval()
+
+    params, then = sum(p.numel() for p in load().parameters()), earlier["rows"][0]["params"]
+    if params != then:
+        raise SystemExit(f"error: a stand-in for the lost checkpoint has {params:,} parameters, the checkpoint of "
+                         f"the --keep measurement {then:,}; allowed: a stand-in of the checkpoint's shapes (the "
+                         "model config of experiment=converge and the grid's tokenizer)")
+    why = (f"the dense checkpoint was lost with its machine, so they were timed against an untrained dense model of "
+           f"its shapes ({params:,} parameters: experiment=converge's model config, the tokenizer of "
+           f"{tokenizers[0].parent}; a second copy of it is the noise floor)")
+    return Reference(load, tokenizer, source, why)
+
+
+def measure(runs: list[Run], reference: Reference, runs_dir: Path, timing: dict) -> dict:
     """Every shipped model and the dense checkpoint, converted to CTranslate2, timed in turn; one row each."""
     with tempfile.TemporaryDirectory(prefix="speed-quality-") as work:  # the CTranslate2 conversions
-        return _measure(runs, source, runs_dir, timing, Path(work))
+        return _measure(runs, reference, runs_dir, timing, Path(work))
 
 
-def _measure(runs: list[Run], source: Path, runs_dir: Path, timing: dict, work: Path) -> dict:
-    tokenizer = transformers.AutoTokenizer.from_pretrained(source / "tokenizer")
-    dense, gates = load_gated_checkpoint(source / "checkpoints" / "dense.ckpt")
-    gates.remove()
-    copy, copy_gates = load_gated_checkpoint(source / "checkpoints" / "dense.ckpt")  # the noise floor: what the
-    copy_gates.remove()  # clock says between two identical models
+def _measure(runs: list[Run], reference: Reference, runs_dir: Path, timing: dict, work: Path) -> dict:
+    tokenizer, source = reference.tokenizer, reference.source
+    dense = reference.load()
+    copy = reference.load()  # the noise floor: what the clock says between two identical models
     variants = [Variant("dense checkpoint", dense, tokenizer, work, onnx=False),
                 Variant("dense checkpoint copy", copy, tokenizer, work, onnx=False)]
     rows = [{"method": method, "run": str(source), "point": "", "seed": None, "target": None, "test_bleu": None,
@@ -412,6 +466,8 @@ def render(results: dict) -> str:
                       "each with its speed-ups against the dense checkpoint timed beside it then"
                   + (f"; that checkpoint scored {results['kept_checkpoint_test_bleu']:.2f} test BLEU then."
                      if results.get("kept_checkpoint_test_bleu") is not None else ".")]
+    if results.get("stand_in"):
+        lines += ["", f"The rows timed on {results['date']}: {results['stand_in']}."]
     lines += ["", "Every model (seed by seed):", ""]
     lines.append(markdown_table(
         ["run", "test BLEU", "params", "predicted", "generate() b1", "b32", "ct2 b1", "ct2 b32", "timed"],
@@ -509,7 +565,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--only names {', '.join(unknown)}; allowed: {', '.join(m.name for m in GRID)}")
         methods = [m for m in methods if m.name in args.only]
     seeds = tuple(args.seeds) if args.seeds else seeds
-    facts = checkpoint_facts(args.source)
+    checkpoint = args.source / "checkpoints" / "dense.ckpt"
+    lost = args.stage == "measure" and args.keep is not None and not checkpoint.is_file()
+    if not checkpoint.is_file() and not lost:
+        raise SystemExit(f"error: {checkpoint} is missing; allowed: a --source run that saved it (experiment=converge), "
+                         "or measure --keep <its earlier speed_quality.json> to time the runs trained since it was lost")
+    earlier = json.loads(args.keep.read_text()) if args.keep else None
+    # a lost checkpoint's step is the earlier measurement's; nothing is trained from it
+    facts = {"step": earlier["checkpoint_step"], "heads": None, "layers": None} if lost else checkpoint_facts(args.source)
     steps = {"checkpoint": facts["step"], "gated": args.gated_steps, "finetune": args.finetune_steps}
     settings = {"heads": facts["heads"], "layers": facts["layers"], "extra": extra, "workload": workload}
     runs = plan_runs(methods, targets, seeds, scratch=not args.no_scratch)
@@ -523,7 +586,8 @@ def main(argv: list[str] | None = None) -> int:
     refused_path = args.runs / "refused.json"
     refused = json.loads(refused_path.read_text()) if refused_path.is_file() else refused
     timing = {"repeats": args.repeats, "sentences": args.sentences, "new_tokens": args.new_tokens, "source_tokens": 32}
-    results = measure(runs, args.source, args.runs, timing)
+    reference = stand_in_reference(args.source, args.runs, earlier) if lost else checkpoint_reference(args.source)
+    results = measure(runs, reference, args.runs, timing)
     # the checkpoint's own test BLEU, as the runs that prune it scored it (the model pruned from)
     scored = [json.loads((args.runs / run.slug / "metrics.json").read_text())["test"] for run in runs
               if not run.method.scratch and done(args.runs / run.slug)]
@@ -534,9 +598,9 @@ def main(argv: list[str] | None = None) -> int:
                    machine=machine(), versions=versions(), source=str(args.source), checkpoint_step=facts["step"],
                    checkpoint_test_bleu=checkpoint_bleu, steps=steps, timing=timing, refused=refused,
                    ct2_gain_b1=results["rows"][0]["ct2_over_generate_b1"],
-                   date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+                   date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), stand_in=reference.stand_in)
     if args.keep:
-        results = keep_earlier(results, json.loads(args.keep.read_text()), args.keep)
+        results = keep_earlier(results, earlier, args.keep)
     page = "# Speed against quality (issue 25, part 5)\n\n" + render(results)
     print(page)
     if args.out:

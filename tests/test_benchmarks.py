@@ -346,6 +346,54 @@ def test_speed_quality_keeps_an_earlier_measurements_rows_for_the_runs_not_timed
         bench.main(["train", "--source", str(tmp_path), "--runs", str(tmp_path), "--keep", str(path)])
 
 
+def _word_tokenizer(size: int):
+    """A tokenizer of exactly ``size`` tokens, with mBART's special tokens among them."""
+    import tokenizers
+    import transformers
+
+    words = ["<s>", "<pad>", "</s>", "<unk>", *(f"w{i}" for i in range(size - 4))]
+    model = tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, "<unk>")
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizers.Tokenizer(model), bos_token="<s>",
+                                                pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+
+
+def test_speed_quality_times_runs_trained_since_a_lost_checkpoint_against_a_stand_in_of_its_shapes(tmp_path):
+    bench = _load("speed_quality")
+    earlier = json.loads((ROOT / "docs" / "benchmarks" / "speed_quality.json").read_text())
+    lost, runs = tmp_path / "converged", tmp_path / "runs"
+    with pytest.raises(SystemExit, match=r"dense.ckpt is missing and no run under .* has a tokenizer"):
+        bench.stand_in_reference(lost, runs, earlier)
+    _word_tokenizer(8000).save_pretrained(runs / "scratch_decoder_1-s1234" / "tokenizer")  # the grid's 8k vocabulary
+    reference = bench.stand_in_reference(lost, runs, earlier)
+    one, two = reference.load(), reference.load()
+    # mBART's parameters by hand from experiment=converge's config: tied embeddings, learned positions (offset 2),
+    # per stack an embedding LayerNorm and a final one, attention 4 (d^2 + d), FFN 2 d f + f + d, 2d per LayerNorm
+    shape = compose_train(tmp_path, "experiment=converge").model.from_scratch
+    d, f, n, positions = shape.d_model, shape.encoder_ffn_dim, shape.encoder_layers, shape.max_position_embeddings
+    attention, ffn, norm = 4 * (d * d + d), 2 * d * f + f + d, 2 * d
+    params = 8000 * d + 2 * (positions + 2) * d + 4 * norm + n * (attention + ffn + 2 * norm) + shape.decoder_layers * (
+        2 * attention + ffn + 3 * norm)
+    assert sum(p.numel() for p in one.parameters()) == params == earlier["rows"][0]["params"] == 7_711_744
+    assert not one.training and all(torch.equal(a, b) for a, b in zip(one.state_dict().values(),
+                                                                    two.state_dict().values()))
+    assert "checkpoint was lost with its machine" in reference.stand_in and "7,711,744 parameters" in reference.stand_in
+    # another vocabulary is not the checkpoint's shapes: refused in one line
+    _word_tokenizer(7999).save_pretrained(tmp_path / "other" / "run" / "tokenizer")
+    with pytest.raises(SystemExit, match=r"has 7,711,488 parameters, the checkpoint of the --keep measurement "
+                                         r"7,711,744; allowed: a stand-in of the checkpoint's shapes"):
+        bench.stand_in_reference(lost, tmp_path / "other", earlier)
+    # without --keep a missing checkpoint is an error, not a stand-in; nothing is written
+    for argv in (["measure", "--source", str(lost), "--runs", str(runs)],
+                 ["train", "--source", str(lost), "--runs", str(runs)]):
+        with pytest.raises(SystemExit, match=r"converged/checkpoints/dense.ckpt is missing; allowed: a --source run"):
+            bench.main(argv)
+    assert not lost.exists()
+    # the page says which rows were timed against it
+    text = bench.render({**earlier, "stand_in": reference.stand_in, "date": "2026-12-03 10:00 UTC"})
+    assert "The rows timed on 2026-12-03 10:00 UTC: the dense checkpoint was lost with its machine, so they were timed " \
+        "against an untrained dense model of its shapes (7,711,744 parameters" in text
+
+
 def test_speed_quality_leaves_a_run_to_the_live_process_that_holds_it(tmp_path):
     claim = _load("speed_quality").claim
     lock = tmp_path / "gates_all-lat0.5-s1.pid"
