@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -259,29 +260,39 @@ def test_bleu(metrics: dict) -> float:
 
 @dataclasses.dataclass
 class Reference:
-    """What every model is timed against: the dense checkpoint (``load`` gives a fresh copy of it each call, in eval
-    mode, ungated), its tokenizer, and where it came from (``stand_in``: why it is not the checkpoint itself)."""
+    """What every model is timed against: the dense checkpoint (``load`` gives a fresh copy of it each call, ungated),
+    its tokenizer, and where it came from (``stand_in``: why it is not the checkpoint itself)."""
 
-    load: object
-    tokenizer: object
+    load: Callable[[], transformers.PreTrainedModel]
+    tokenizer: transformers.PreTrainedTokenizerBase
     source: Path
     stand_in: str | None = None
+
+
+# what decides a dense model's time at a fixed number of tokens: recorded with every measurement, checked on a stand-in
+SHAPE_FIELDS = ("model_type", "vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+                "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "activation_function",
+                "tie_word_embeddings")
+
+
+def shapes(model: transformers.PreTrainedModel) -> dict:
+    return {field: getattr(model.config, field, None) for field in SHAPE_FIELDS}
 
 
 def checkpoint_reference(source: Path) -> Reference:
     def load():
         model, gates = load_gated_checkpoint(source / "checkpoints" / "dense.ckpt")
         gates.remove()
-        return model.eval()
+        return model
 
     return Reference(load, transformers.AutoTokenizer.from_pretrained(source / "tokenizer"), source)
 
 
 def stand_in_reference(source: Path, runs_dir: Path, earlier: dict) -> Reference:
     """The checkpoint lost with its machine: a dense model of its shapes, untrained, built from the model config of
-    ``experiment=converge`` (the run that made it) and the tokenizer every run of the grid trains alike. The timings
-    generate exactly ``--new-tokens`` tokens per sentence, so weights do not change them; its parameters must be the
-    earlier measurement's checkpoint's, and its step and score are that measurement's."""
+    ``experiment=converge`` (the run that made it) and the tokenizer of a run of the grid (each trains the same one).
+    The timings generate exactly ``--new-tokens`` tokens per sentence, so weights do not change them. Its parameter
+    count must be the earlier measurement's checkpoint's, and its shapes too where that measurement recorded them."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
@@ -290,8 +301,8 @@ def stand_in_reference(source: Path, runs_dir: Path, earlier: dict) -> Reference
     tokenizers = sorted(runs_dir.glob("*/tokenizer/tokenizer.json"))
     if not tokenizers:
         raise SystemExit(f"error: {source / 'checkpoints' / 'dense.ckpt'} is missing and no run under {runs_dir} "
-                         "has a tokenizer to build a stand-in of its shapes with; allowed: a --source with its "
-                         "checkpoint, or --keep with runs trained since")
+                         "has a tokenizer to build a stand-in of its shapes with; allowed: a --runs holding the runs "
+                         "trained since the checkpoint was lost")
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizers[0].parent)
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         model_cfg = compose("train", overrides=["experiment=converge", "paths.output_dir=."]).model
@@ -299,13 +310,17 @@ def stand_in_reference(source: Path, runs_dir: Path, earlier: dict) -> Reference
     def load():
         torch.manual_seed(0)  # both copies one model, as the checkpoint and its copy were
         return load_model(tokenizer, from_scratch=OmegaConf.to_container(model_cfg.from_scratch),
-                          attn_implementation=model_cfg.attn_implementation).eval()
+                          attn_implementation=model_cfg.attn_implementation).eval()  # built in training mode
 
-    params, then = sum(p.numel() for p in load().parameters()), earlier["rows"][0]["params"]
-    if params != then:
-        raise SystemExit(f"error: a stand-in for the lost checkpoint has {params:,} parameters, the checkpoint of "
-                         f"the --keep measurement {then:,}; allowed: a stand-in of the checkpoint's shapes (the "
-                         "model config of experiment=converge and the grid's tokenizer)")
+    model = load()
+    params, then = sum(p.numel() for p in model.parameters()), earlier["rows"][0]["params"]
+    recorded = earlier.get("checkpoint_shapes")
+    if params != then or (recorded is not None and recorded != shapes(model)):
+        mine = f"{params:,} parameters" + (f" and shapes {shapes(model)}" if recorded is not None else "")
+        theirs = f"{then:,}" + (f" and {recorded}" if recorded is not None else "")
+        raise SystemExit(f"error: a stand-in for the lost checkpoint (experiment=converge's model config, the "
+                         f"tokenizer of {tokenizers[0].parent}) has {mine}, the checkpoint of the --keep measurement "
+                         f"{theirs}; allowed: a stand-in of the checkpoint's shapes")
     why = (f"the dense checkpoint was lost with its machine, so they were timed against an untrained dense model of "
            f"its shapes ({params:,} parameters: experiment=converge's model config, the tokenizer of "
            f"{tokenizers[0].parent}; a second copy of it is the noise floor)")
@@ -356,7 +371,7 @@ def _measure(runs: list[Run], reference: Reference, runs_dir: Path, timing: dict
         # CTranslate2 against generate(): what the runtime alone adds
         generate, ct2 = times[1][(variants[0].name, "transformers")], times[1][(name, "ct2 float32")]
         row["ct2_over_generate_b1"] = generate.cpu / ct2.cpu
-    return {"rows": rows}
+    return {"rows": rows, "checkpoint_shapes": shapes(dense)}
 
 
 def noise_floor(results: dict) -> str:
@@ -466,8 +481,8 @@ def render(results: dict) -> str:
                       "each with its speed-ups against the dense checkpoint timed beside it then"
                   + (f"; that checkpoint scored {results['kept_checkpoint_test_bleu']:.2f} test BLEU then."
                      if results.get("kept_checkpoint_test_bleu") is not None else ".")]
-    if results.get("stand_in"):
-        lines += ["", f"The rows timed on {results['date']}: {results['stand_in']}."]
+    for date, why in results.get("stand_ins", {}).items():
+        lines += ["", f"The rows timed on {date}: {why}."]
     lines += ["", "Every model (seed by seed):", ""]
     lines.append(markdown_table(
         ["run", "test BLEU", "params", "predicted", "generate() b1", "b32", "ct2 b1", "ct2 b32", "timed"],
@@ -485,19 +500,19 @@ def keep_earlier(results: dict, earlier: dict, path: Path) -> dict:
     was measured with, against the dense checkpoint timed beside it then, and says when (``measured``); the earlier
     measurement must be of a checkpoint at the same step and training, and its refused targets stay refused unless
     timed now."""
-    if earlier.get("checkpoint_step") != results["checkpoint_step"] or earlier.get("steps") != results["steps"]:
-        raise SystemExit(f"error: --keep {path} was measured from a checkpoint at step {earlier.get('checkpoint_step')} "
-                         f"with {earlier.get('steps')} training steps, this measurement from step "
-                         f"{results['checkpoint_step']} with {results['steps']}; allowed: a measurement of the same "
-                         "checkpoint and training")
+    check_same_training(earlier, results["checkpoint_step"], results["steps"], path)
     timed = {row["run"] for row in results["rows"] if row["seed"] is not None}
     when = earlier.get("date") or f"an earlier measurement ({path.name})"
     kept = [{**row, "measured": row.get("measured") or when} for row in earlier["rows"]
             if row["seed"] is not None and row["run"] not in timed]
     slugs = {run.split("/")[0] for run in timed}  # a level's row is "<run>/<point>"; refusals name the run
     refused = {slug: why for slug, why in earlier.get("refused", {}).items() if slug not in slugs}
+    # an earlier stand-in's note stays with the rows it timed
+    dates = {row["measured"] for row in kept}
+    stand_ins = {date: why for date, why in earlier.get("stand_ins", {}).items() if date in dates}
     merged = {**results, "rows": results["rows"] + kept, "refused": {**refused, **results["refused"]},
-              "kept_from": f"{path} ({earlier.get('machine', 'machine not recorded')})"}
+              "kept_from": f"{path} ({earlier.get('machine', 'machine not recorded')})",
+              "stand_ins": {**stand_ins, **results.get("stand_ins", {})}}
     then, now = earlier.get("checkpoint_test_bleu"), results["checkpoint_test_bleu"]
     if now is None:  # no fork timed now (the from-scratch models only): the earlier score
         merged["checkpoint_test_bleu"] = then
@@ -508,6 +523,14 @@ def keep_earlier(results: dict, earlier: dict, path: Path) -> dict:
               "were forked from another model of that step", file=sys.stderr)
         merged["kept_checkpoint_test_bleu"] = then
     return merged
+
+
+def check_same_training(earlier: dict, step: int, steps: dict, path: Path) -> None:
+    """An earlier measurement is kept only beside one of the same checkpoint step and training after it."""
+    if earlier.get("checkpoint_step") != step or earlier.get("steps") != steps:
+        raise SystemExit(f"error: --keep {path} was measured from a checkpoint at step {earlier.get('checkpoint_step')} "
+                         f"with {earlier.get('steps')} training steps, this measurement from step {step} with "
+                         f"{steps}; allowed: a measurement of the same checkpoint and training")
 
 
 def checkpoint_facts(source: Path) -> dict:
@@ -565,16 +588,26 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--only names {', '.join(unknown)}; allowed: {', '.join(m.name for m in GRID)}")
         methods = [m for m in methods if m.name in args.only]
     seeds = tuple(args.seeds) if args.seeds else seeds
+    if args.keep is not None and not args.keep.is_file():
+        parser.error(f"--keep {args.keep}: no such file; allowed: an earlier speed_quality.json")
+    earlier = json.loads(args.keep.read_text()) if args.keep else None
     checkpoint = args.source / "checkpoints" / "dense.ckpt"
-    lost = args.stage == "measure" and args.keep is not None and not checkpoint.is_file()
+    lost = earlier is not None and not checkpoint.is_file()
     if not checkpoint.is_file() and not lost:
         raise SystemExit(f"error: {checkpoint} is missing; allowed: a --source run that saved it (experiment=converge), "
                          "or measure --keep <its earlier speed_quality.json> to time the runs trained since it was lost")
-    earlier = json.loads(args.keep.read_text()) if args.keep else None
+    if lost and not {"checkpoint_step", "steps", "rows"} <= set(earlier):
+        raise SystemExit(f"error: --keep {args.keep} does not say the lost checkpoint's step, training and parameters; "
+                         "allowed: a speed_quality.json this script wrote")
     # a lost checkpoint's step is the earlier measurement's; nothing is trained from it
     facts = {"step": earlier["checkpoint_step"], "heads": None, "layers": None} if lost else checkpoint_facts(args.source)
     steps = {"checkpoint": facts["step"], "gated": args.gated_steps, "finetune": args.finetune_steps}
     settings = {"heads": facts["heads"], "layers": facts["layers"], "extra": extra, "workload": workload}
+    if earlier is not None:  # refused before minutes of timing, not after
+        check_same_training(earlier, facts["step"], steps, args.keep)
+    # what the measurement times against, settled before anything is written
+    reference = None if args.stage == "train" else (
+        stand_in_reference(args.source, args.runs, earlier) if lost else checkpoint_reference(args.source))
     runs = plan_runs(methods, targets, seeds, scratch=not args.no_scratch)
     args.runs.mkdir(parents=True, exist_ok=True)
     refused = {}
@@ -586,7 +619,6 @@ def main(argv: list[str] | None = None) -> int:
     refused_path = args.runs / "refused.json"
     refused = json.loads(refused_path.read_text()) if refused_path.is_file() else refused
     timing = {"repeats": args.repeats, "sentences": args.sentences, "new_tokens": args.new_tokens, "source_tokens": 32}
-    reference = stand_in_reference(args.source, args.runs, earlier) if lost else checkpoint_reference(args.source)
     results = measure(runs, reference, args.runs, timing)
     # the checkpoint's own test BLEU, as the runs that prune it scored it (the model pruned from)
     scored = [json.loads((args.runs / run.slug / "metrics.json").read_text())["test"] for run in runs
@@ -598,7 +630,8 @@ def main(argv: list[str] | None = None) -> int:
                    machine=machine(), versions=versions(), source=str(args.source), checkpoint_step=facts["step"],
                    checkpoint_test_bleu=checkpoint_bleu, steps=steps, timing=timing, refused=refused,
                    ct2_gain_b1=results["rows"][0]["ct2_over_generate_b1"],
-                   date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), stand_in=reference.stand_in)
+                   date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    results["stand_ins"] = {results["date"]: reference.stand_in} if reference.stand_in else {}
     if args.keep:
         results = keep_earlier(results, earlier, args.keep)
     page = "# Speed against quality (issue 25, part 5)\n\n" + render(results)

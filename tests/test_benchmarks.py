@@ -357,12 +357,16 @@ def _word_tokenizer(size: int):
                                                 pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
 
 
-def test_speed_quality_times_runs_trained_since_a_lost_checkpoint_against_a_stand_in_of_its_shapes(tmp_path):
+def test_speed_quality_times_runs_trained_since_a_lost_checkpoint_against_a_stand_in_of_its_shapes(tmp_path,
+                                                                                                 monkeypatch):
     bench = _load("speed_quality")
-    earlier = json.loads((ROOT / "docs" / "benchmarks" / "speed_quality.json").read_text())
+    path = ROOT / "docs" / "benchmarks" / "speed_quality.json"
+    earlier = json.loads(path.read_text())  # measured before the checkpoint was lost with its machine
     lost, runs = tmp_path / "converged", tmp_path / "runs"
+    measure = ["measure", "--source", str(lost), "--only", "scratch_decoder_1", "--keep", str(path)]
     with pytest.raises(SystemExit, match=r"dense.ckpt is missing and no run under .* has a tokenizer"):
-        bench.stand_in_reference(lost, runs, earlier)
+        bench.main([*measure, "--runs", str(tmp_path / "mistyped")])
+    assert not (tmp_path / "mistyped").exists()  # refused before anything is written
     _word_tokenizer(8000).save_pretrained(runs / "scratch_decoder_1-s1234" / "tokenizer")  # the grid's 8k vocabulary
     reference = bench.stand_in_reference(lost, runs, earlier)
     one, two = reference.load(), reference.load()
@@ -377,21 +381,53 @@ def test_speed_quality_times_runs_trained_since_a_lost_checkpoint_against_a_stan
     assert not one.training and all(torch.equal(a, b) for a, b in zip(one.state_dict().values(),
                                                                     two.state_dict().values()))
     assert "checkpoint was lost with its machine" in reference.stand_in and "7,711,744 parameters" in reference.stand_in
-    # another vocabulary is not the checkpoint's shapes: refused in one line
+    # another vocabulary, or shapes a measurement recorded that the stand-in does not have: refused in one line
     _word_tokenizer(7999).save_pretrained(tmp_path / "other" / "run" / "tokenizer")
     with pytest.raises(SystemExit, match=r"has 7,711,488 parameters, the checkpoint of the --keep measurement "
                                          r"7,711,744; allowed: a stand-in of the checkpoint's shapes"):
         bench.stand_in_reference(lost, tmp_path / "other", earlier)
-    # without --keep a missing checkpoint is an error, not a stand-in; nothing is written
+    narrow = {**earlier, "checkpoint_shapes": {**bench.shapes(one), "encoder_attention_heads": 4}}  # same count
+    with pytest.raises(SystemExit, match=r"and shapes .*'encoder_attention_heads': 8.*, the checkpoint of the --keep "
+                                         r"measurement 7,711,744 and .*'encoder_attention_heads': 4"):
+        bench.stand_in_reference(lost, runs, narrow)
+    assert bench.stand_in_reference(lost, runs, {**earlier, "checkpoint_shapes": bench.shapes(one)}).stand_in
+    # without --keep a missing checkpoint is an error, not a stand-in; a --keep that is not there is one line too
     for argv in (["measure", "--source", str(lost), "--runs", str(runs)],
                  ["train", "--source", str(lost), "--runs", str(runs)]):
         with pytest.raises(SystemExit, match=r"converged/checkpoints/dense.ckpt is missing; allowed: a --source run"):
             bench.main(argv)
-    assert not lost.exists()
-    # the page says which rows were timed against it
-    text = bench.render({**earlier, "stand_in": reference.stand_in, "date": "2026-12-03 10:00 UTC"})
-    assert "The rows timed on 2026-12-03 10:00 UTC: the dense checkpoint was lost with its machine, so they were timed " \
+    with pytest.raises(SystemExit):  # argparse's one line
+        bench.main([*measure[:-1], str(tmp_path / "nowhere.json"), "--runs", str(runs)])
+
+    # through main: the stand-in is what is timed against, the step and score are the earlier measurement's, and the
+    # page says which rows it timed (the timing itself is the --quick test's)
+    seen = []
+
+    def fake_measure(planned, reference, runs_dir, timing):
+        seen.append(reference)
+        new = {**earlier["rows"][2], "run": "scratch_decoder_1-s1234", "seed": 1234, "test_bleu": 21.0,
+               "method": "dense from scratch, 1 decoder layer", "target": None, "point": ""}
+        rows = [{**row, "test_bleu": None} for row in earlier["rows"][:2]]
+        return {"rows": [*rows, new], "checkpoint_shapes": bench.shapes(reference.load())}
+
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    assert bench.main([*measure, "--runs", str(runs), "--out", str(tmp_path / "out")]) == 0
+    written = json.loads((tmp_path / "out" / "speed_quality.json").read_text())
+    assert seen[0].stand_in and written["stand_ins"] == {written["date"]: seen[0].stand_in}
+    assert written["checkpoint_step"] == 5750 and written["checkpoint_test_bleu"] == earlier["checkpoint_test_bleu"]
+    assert written["checkpoint_shapes"]["decoder_layers"] == 3 and len(written["rows"]) == len(earlier["rows"]) + 1
+    text = (tmp_path / "out" / "speed_quality.md").read_text()
+    assert f"The rows timed on {written['date']}: the dense checkpoint was lost with its machine, so they were timed " \
         "against an untrained dense model of its shapes (7,711,744 parameters" in text
+    # kept again by a later measurement (the checkpoint back, nothing of it re-timed): the note stays with its row
+    later = {**written, "date": "2026-12-09 10:00 UTC", "rows": written["rows"][:2], "stand_ins": {}}
+    merged = bench.keep_earlier(later, written, tmp_path / "out" / "speed_quality.json")
+    assert merged["stand_ins"] == written["stand_ins"]
+    assert f"The rows timed on {written['date']}: the dense checkpoint was lost" in bench.render(merged)
+    # another training after the checkpoint: refused before any timing
+    with pytest.raises(SystemExit, match=r"was measured from a checkpoint at step 5750 .* allowed: a measurement of"):
+        bench.main([*measure, "--runs", str(runs), "--gated-steps", "100"])
+    assert len(seen) == 1
 
 
 def test_speed_quality_leaves_a_run_to_the_live_process_that_holds_it(tmp_path):
