@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import platform
 import random
+import shlex
 import time
 from pathlib import Path
 
@@ -110,4 +111,5 @@ def versions() -> str:
 
 
 def command_line(script: str, argv: list[str]) -> str:
-    return " ".join([".venv/bin/python", f"benchmarks/{script}", *argv])
+    """The command as a shell reads it back (``--runtimes "ct2 float32"`` keeps its quotes)."""
+    return shlex.join([".venv/bin/python", f"benchmarks/{script}", *argv])

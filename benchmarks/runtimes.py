@@ -4,7 +4,8 @@ CTranslate2 float32 and int8, ONNX Runtime (gatedprune.deploy), all timed altern
 Models: the default model's dense checkpoint and exports of the lambda sweep with every kind gated
 (docs/lambda_sweep_kinds.md), with their validation BLEU measured here on the same pairs in each runtime; and
 Transformer-base shapes (a random Marian, d 512, 6+6 layers, 8 heads, FFN 2048, 32k vocabulary) cut by the plans
-of the structures issue. Each runtime decodes exactly --new-tokens tokens per sentence (EOS held off), at batch 1
+of the structures issue; with --untrained, an untrained model of the dense checkpoint's shapes beside it (does a
+fixed number of tokens take the same time whatever the weights?). Each runtime decodes exactly --new-tokens tokens per sentence (EOS held off), at batch 1
 (--sentences sources, one at a time) and batch 32; with one thread and with every core.
 
     .venv/bin/python benchmarks/runtimes.py --dense RUN/checkpoints/dense.ckpt --exports A/1 A/2 [--out docs/benchmarks/runtimes.md]
@@ -159,11 +160,17 @@ def base_variants(workdir: Path, onnx: bool) -> list[Variant]:
     return variants
 
 
-def default_variants(dense_ckpt: Path, exports: list[Path], workdir: Path, onnx: bool) -> tuple[list, list[dict]]:
+def default_variants(dense_ckpt: Path, exports: list[Path], workdir: Path, onnx: bool,
+                     untrained: bool = False) -> tuple[list, list[dict]]:
     dense, gates = load_gated_checkpoint(dense_ckpt)
     gates.remove()
     tokenizer = transformers.AutoTokenizer.from_pretrained(exports[0])
     variants = [Variant("default dense", dense, tokenizer, workdir, note=f"{dense_ckpt}", onnx=onnx)]
+    if untrained:  # do the weights change the time of a fixed number of tokens? (speed_quality's stand-in says not)
+        torch.manual_seed(0)
+        fresh = type(dense)(dense.config)
+        variants.append(Variant("default dense, untrained", fresh, tokenizer, workdir,
+                                note="the dense checkpoint's config, random weights (seed 0)", onnx=onnx))
     for export in exports:
         metrics = json.loads((export.parent / "metrics.json").read_text())
         lam = metrics.get("l0_lambda")
@@ -183,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, os.cpu_count()])
     parser.add_argument("--skip-base", action="store_true", help="leave out the Transformer-base shapes")
+    parser.add_argument("--untrained", action="store_true",
+                        help="time an untrained model of the dense checkpoint's shapes beside it")
     parser.add_argument("--runtimes", nargs="+", choices=RUNTIMES, default=list(RUNTIMES))
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--render", action="store_true", help="rewrite --out from its .json, without a rerun")
@@ -196,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="runtimes-"))
     groups = {}
     onnx = "onnx" in args.runtimes
-    default, pairs = default_variants(args.dense, args.exports, work, onnx)
+    default, pairs = default_variants(args.dense, args.exports, work, onnx, args.untrained)
     tok = default[0].tokenizer
     groups["default model (validation sources)"] = (default, [tok(p["source"])["input_ids"] for p in pairs])
     if not args.skip_base:

@@ -201,11 +201,17 @@ def test_the_runtimes_benchmark_times_dense_and_pruned_in_each_runtime(every_kin
     chosen = ["transformers", "ct2 float32", "ct2 int8"]
     assert runtimes.main(["--dense", str(every_kind_run / "checkpoints" / "dense.ckpt"), "--exports",
                           str(every_kind_run / "pruned"), "--skip-base", "--runtimes", *chosen, "--threads", "1",
-                          "--sentences", "2", "--repeats", "1", "--new-tokens", "4", "--out", str(out)]) == 0
+                          "--sentences", "2", "--repeats", "1", "--new-tokens", "4", "--untrained", "--out",
+                          str(out)]) == 0
     results = json.loads(out.with_suffix(".json").read_text())
     (group,) = results["groups"].values()
+    # beside the checkpoint, an untrained model of its shapes: the same parameters, other weights
+    assert list(group["variants"])[:2] == ["default dense", "default dense, untrained"]
+    assert group["variants"]["default dense, untrained"]["params"] == group["variants"]["default dense"]["params"]
+    assert group["variants"]["default dense, untrained"]["note"] == "the dense checkpoint's config, random weights (seed 0)"
     cells = {(c["variant"], c["runtime"], c["batch"]) for c in group["cells"] if c["wall"] > 0}
     assert cells == {(v, r, b) for v in group["variants"] for r in chosen for b in (1, 32)}
     # the same sentences in each runtime: float32 CTranslate2 gives generate()'s translations, so its BLEU
     assert all(b["ct2 float32"] == pytest.approx(b["transformers"]) for b in results["bleu"].values())
     assert "| model | runtime | threads |" in out.read_text()
+    assert "--runtimes transformers 'ct2 float32' 'ct2 int8'" in out.read_text()  # a command that runs as shown
