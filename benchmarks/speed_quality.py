@@ -385,6 +385,15 @@ def noise_floor(results: dict) -> str:
             "(generate() b1, b32; CTranslate2 b1, b32): gaps of that size between methods are the clock's.")
 
 
+OVER_GENERATE = "ct2 float32 b1 over dense generate()"
+
+
+def ct2_gains(results: dict) -> str:
+    """The dense model's generate() time over its CTranslate2 time at batch 1, in each measurement rows come from."""
+    gains = results.get("ct2_gains") or {results.get("date") or "this measurement": results["ct2_gain_b1"]}
+    return "; ".join(f"{date}: " + ("not recorded" if gain is None else f"{gain:.2f}x") for date, gain in gains.items())
+
+
 def summary(results: dict) -> dict:
     """The references and, per method and point, the mean and spread over seeds."""
     rows = [r for r in results["rows"] if r["seed"] is not None]
@@ -397,9 +406,13 @@ def summary(results: dict) -> dict:
         bleu = torch.tensor([r["test_bleu"] for r in group], dtype=torch.float64)
         speed = {key: sum(r[key]["speed_up"] for r in group) / len(group)
                  for key in ("transformers b1", "transformers b32", "ct2 float32 b1", "ct2 float32 b32")}
+        # CTranslate2 against the dense model's generate() timed beside it: the dense model's own CTranslate2 gain
+        # differed between the machines of two measurements (2.53x, 5.32x), so rows kept from one and timed in the
+        # other share no CTranslate2 reference; generate()'s ratios of one shape agreed on both
+        over_generate = sum(r["ct2_over_generate_b1"] for r in group) / len(group)
         means.append({"method": method, "target": target, "point": point, "seeds": len(group),
                       "test_bleu": bleu.mean().item(), "test_bleu_sd": bleu.std().item() if len(group) > 1 else None,
-                      **speed})
+                      **speed, OVER_GENERATE: over_generate})
     reference = sum(dense) / len(dense) if dense else None
     checkpoint = results["checkpoint_test_bleu"]
     target_met = [m for m in means if checkpoint is not None and m["transformers b1"] >= 2
@@ -414,23 +427,25 @@ def plot(results: dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     points = summary(results)["points"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 6), sharey=True)
     for ax, key, title in ((axes[0], "transformers b1", "generate(), batch 1"),
-                           (axes[1], "ct2 float32 b1", "CTranslate2 float32, batch 1 (against dense generate())")):
+                           (axes[1], OVER_GENERATE, "CTranslate2 float32, batch 1 (against dense generate())")):
         for method in dict.fromkeys(p["method"] for p in points):
             mine = sorted((p for p in points if p["method"] == method), key=lambda p: p[key])
-            x = [p[key] if key.startswith("transformers") else p[key] * results["ct2_gain_b1"] for p in mine]
+            x = [p[key] for p in mine]
             ax.errorbar(x, [p["test_bleu"] for p in mine], yerr=[p["test_bleu_sd"] or 0 for p in mine], marker="o",
                         capsize=3, label=method)
         ax.axhline(results["checkpoint_test_bleu"], color="k", lw=0.8)
         ax.axhline(results["checkpoint_test_bleu"] - 0.5, color="k", lw=0.8, ls="--")
-        ax.axvline(2, color="grey", lw=0.6, ls=":")
-        ax.set_xlabel("measured speed-up over the dense model (CPU time, one thread)")
+        if key == "transformers b1":  # the target's 2x is over the dense generate(), not over CTranslate2 alone
+            ax.axvline(2, color="grey", lw=0.6, ls=":")
+        ax.set_xlabel("measured speed-up over the dense model's generate() (CPU time, one thread)")
         ax.set_title(title)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("test BLEU (solid: the dense checkpoint; dashed: 0.5 below)")
-    axes[1].legend(fontsize=7, loc="lower left")
-    fig.tight_layout()
+    handles, labels = axes[1].get_legend_handles_labels()  # below both panels: inside, it hid points
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8)
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -446,12 +461,16 @@ def render(results: dict) -> str:
              f"model given the same: test BLEU {fmt(s['dense_same_training'])}. Speed-up: CPU time of the dense "
              f"checkpoint's `generate()` over this model's, greedy, {results['timing']['new_tokens']} tokens per "
              f"sentence, one thread, every model timed in turn (median of {results['timing']['repeats']}); "
-             f"CTranslate2 columns against the dense model in CTranslate2 (CTranslate2 alone: "
-             f"{results['ct2_gain_b1']:.2f}x at batch 1). Test split, greedy.", ""]
-    header = ["method", "target", "point", "seeds", "test BLEU", "generate() b1", "b32", "ct2 b1", "ct2 b32"]
+             f"CTranslate2 columns against the dense model in CTranslate2 of the same measurement (CTranslate2 alone at "
+             f"batch 1, {ct2_gains(results)}), the last column against the dense model's `generate()`. Test split, "
+             "greedy.",
+             ""]
+    header = ["method", "target", "point", "seeds", "test BLEU", "generate() b1", "b32", "ct2 b1", "ct2 b32",
+              "ct2 b1 over dense generate()"]
     rows = [(p["method"], fmt(p["target"], "g"), p["point"] or "-", p["seeds"],
              fmt(p["test_bleu"]) + (f" ± {p['test_bleu_sd']:.2f}" if p["test_bleu_sd"] is not None else ""),
-             *(f"{p[k]:.2f}x" for k in ("transformers b1", "transformers b32", "ct2 float32 b1", "ct2 float32 b32")))
+             *(f"{p[k]:.2f}x" for k in ("transformers b1", "transformers b32", "ct2 float32 b1", "ct2 float32 b32",
+                                        OVER_GENERATE)))
             for p in s["points"]]
     lines += [markdown_table(header, rows), "![test BLEU against measured speed-up](speed_quality.png)", ""]
     noise = noise_floor(results)
@@ -510,9 +529,13 @@ def keep_earlier(results: dict, earlier: dict, path: Path) -> dict:
     # an earlier stand-in's note stays with the rows it timed
     dates = {row["measured"] for row in kept}
     stand_ins = {date: why for date, why in earlier.get("stand_ins", {}).items() if date in dates}
+    # and so does what CTranslate2 alone gave in the measurement each kept row comes from
+    gains = {date: earlier.get("ct2_gains", {}).get(date) for date in sorted(dates)}  # None: a json of before
+    gains.update({when: earlier["ct2_gain_b1"]} if when in dates else {})
     merged = {**results, "rows": results["rows"] + kept, "refused": {**refused, **results["refused"]},
               "kept_from": f"{path} ({earlier.get('machine', 'machine not recorded')})",
-              "stand_ins": {**stand_ins, **results.get("stand_ins", {})}}
+              "stand_ins": {**stand_ins, **results.get("stand_ins", {})},
+              "ct2_gains": {**results.get("ct2_gains", {}), **gains}}
     then, now = earlier.get("checkpoint_test_bleu"), results["checkpoint_test_bleu"]
     if now is None:  # no fork timed now (the from-scratch models only): the earlier score
         merged["checkpoint_test_bleu"] = then
@@ -632,6 +655,7 @@ def main(argv: list[str] | None = None) -> int:
                    ct2_gain_b1=results["rows"][0]["ct2_over_generate_b1"],
                    date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     results["stand_ins"] = {results["date"]: reference.stand_in} if reference.stand_in else {}
+    results["ct2_gains"] = {results["date"]: results["ct2_gain_b1"]}
     if args.keep:
         results = keep_earlier(results, earlier, args.keep)
     page = "# Speed against quality (issue 25, part 5)\n\n" + render(results)

@@ -308,16 +308,57 @@ def test_speed_quality_keeps_an_earlier_measurements_rows_for_the_runs_not_timed
     bench = _load("speed_quality")
     path = ROOT / "docs" / "benchmarks" / "speed_quality.json"
     earlier = json.loads(path.read_text())  # the grid measured before its machine was lost
-    retimed, new = earlier["rows"][2], {**earlier["rows"][2], "run": "scratch_decoder_1-s1234", "method": "scratch"}
+    retimed = {key: value for key, value in next(row for row in earlier["rows"] if row["run"].startswith("gates_"))
+               .items() if key != "measured"}  # as measure gives it
+    new = {**retimed, "run": "scratch_narrow-s1234", "method": "scratch"}
     fast = {"cpu_s": 1.0, "wall_s": 1.0, "speed_up": 9.0}
     now = {**earlier, "date": "2026-12-03 10:00 UTC", "refused": {"x-lat0.1-s1234": "below the floor"},
+           "ct2_gain_b1": 4.0, "ct2_gains": {"2026-12-03 10:00 UTC": 4.0},
            "rows": [*earlier["rows"][:2], {**retimed, "transformers b1": fast}, {**new, "transformers b1": fast}]}
     merged = bench.keep_earlier(json.loads(json.dumps(now)), earlier, path)
     runs = [row["run"] for row in merged["rows"]]
     assert runs[:4] == [row["run"] for row in now["rows"]] and len(runs) == len(set(runs[2:])) + 2
     assert set(runs) == {row["run"] for row in earlier["rows"]} | {new["run"]}  # each run once, a re-timed one as now
     assert merged["rows"][2]["transformers b1"]["speed_up"] == 9.0 and "measured" not in merged["rows"][2]
-    assert all(row["measured"] == "an earlier measurement (speed_quality.json)" for row in merged["rows"][4:])
+    when = earlier.get("date") or "an earlier measurement (speed_quality.json)"
+    before = {row["run"]: row.get("measured") or when for row in earlier["rows"]}
+    assert all(row["measured"] == before[row["run"]] for row in merged["rows"][4:])
+    # CTranslate2 alone differs between measurements (2.53x on the lost checkpoint): each kept row keeps its own
+    # measurement's, and the plot puts each point at its rows' own CTranslate2 time against dense generate()
+    assert merged["ct2_gains"][now["date"]] == 4.0 and merged["ct2_gains"][when] == earlier["ct2_gain_b1"]
+    assert set(merged["ct2_gains"]) == {now["date"]} | {row["measured"] for row in merged["rows"][4:]}
+    assert f"CTranslate2 alone at batch 1, 2026-12-03 10:00 UTC: 4.00x; " in bench.render(merged)
+    # a json of before either was recorded (no date, no gains, every row its own): its gain under its label
+    undated = {key: value for key, value in earlier.items() if key not in ("date", "ct2_gains")}
+    undated["rows"] = [{k: v for k, v in row.items() if k != "measured"} for row in earlier["rows"]]
+    old = bench.keep_earlier(json.loads(json.dumps(now)), undated, path)
+    assert old["ct2_gains"] == {now["date"]: 4.0, "an earlier measurement (speed_quality.json)": earlier["ct2_gain_b1"]}
+    # rows kept twice from a json that recorded no gains for them: said, not dropped
+    twice = {**undated, "date": "2026-12-04 10:00 UTC",
+             "rows": [*undated["rows"][:2], *({**row, "measured": "2026-12-01 10:00 UTC"} for row in undated["rows"][2:])]}
+    again = bench.keep_earlier(json.loads(json.dumps(now)), twice, path)
+    assert again["ct2_gains"] == {now["date"]: 4.0, "2026-12-01 10:00 UTC": None}
+    assert "2026-12-01 10:00 UTC: not recorded" in bench.render(again)
+    # every row of the earlier measurement's own timed again now: its gain drops out with them
+    own = [row for row in earlier["rows"][2:] if "measured" not in row]
+    retaken = bench.keep_earlier(json.loads(json.dumps({**now, "rows": [*now["rows"], *own]})), earlier, path)
+    assert own and earlier["date"] not in retaken["ct2_gains"]
+    drawn = {}
+    import matplotlib.axes
+
+    draw = matplotlib.axes.Axes.errorbar
+
+    def errorbar(ax, x, y, label=None, **kwargs):
+        drawn.setdefault(label, []).append(list(x))
+        return draw(ax, x, y, label=label, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(matplotlib.axes.Axes, "errorbar", errorbar)
+        bench.plot(merged, tmp_path / "plot.png")
+    even = [row for row in merged["rows"] if row["method"] == "even decoder layers"]
+    mean = {point: sum(r["ct2_over_generate_b1"] for r in even if r["point"] == point) / sum(
+        r["point"] == point for r in even) for point in {row["point"] for row in even}}
+    assert drawn["even decoder layers"][1] == pytest.approx(sorted(mean.values()))  # the right panel, in x's order
     assert merged["refused"] == {**earlier["refused"], **now["refused"]}
     text = bench.render(merged)
     assert f"Rows timed in an earlier measurement are kept from {path} ({earlier['machine']})" in text
@@ -383,9 +424,13 @@ def test_speed_quality_times_runs_trained_since_a_lost_checkpoint_against_a_stan
     assert "checkpoint was lost with its machine" in reference.stand_in and "7,711,744 parameters" in reference.stand_in
     # another vocabulary, or shapes a measurement recorded that the stand-in does not have: refused in one line
     _word_tokenizer(7999).save_pretrained(tmp_path / "other" / "run" / "tokenizer")
+    unrecorded = {key: value for key, value in earlier.items() if key != "checkpoint_shapes"}  # measured before
     with pytest.raises(SystemExit, match=r"has 7,711,488 parameters, the checkpoint of the --keep measurement "
                                          r"7,711,744; allowed: a stand-in of the checkpoint's shapes"):
-        bench.stand_in_reference(lost, tmp_path / "other", earlier)
+        bench.stand_in_reference(lost, tmp_path / "other", unrecorded)
+    with pytest.raises(SystemExit, match=r"has 7,711,488 parameters and shapes .*'vocab_size': 7999.*, the checkpoint "
+                                         r"of the --keep measurement 7,711,744 and .*'vocab_size': 8000"):
+        bench.stand_in_reference(lost, tmp_path / "other", {**unrecorded, "checkpoint_shapes": bench.shapes(one)})
     narrow = {**earlier, "checkpoint_shapes": {**bench.shapes(one), "encoder_attention_heads": 4}}  # same count
     with pytest.raises(SystemExit, match=r"and shapes .*'encoder_attention_heads': 8.*, the checkpoint of the --keep "
                                          r"measurement 7,711,744 and .*'encoder_attention_heads': 4"):
@@ -415,7 +460,8 @@ def test_speed_quality_times_runs_trained_since_a_lost_checkpoint_against_a_stan
     written = json.loads((tmp_path / "out" / "speed_quality.json").read_text())
     assert seen[0].stand_in and written["stand_ins"] == {written["date"]: seen[0].stand_in}
     assert written["checkpoint_step"] == 5750 and written["checkpoint_test_bleu"] == earlier["checkpoint_test_bleu"]
-    assert written["checkpoint_shapes"]["decoder_layers"] == 3 and len(written["rows"]) == len(earlier["rows"]) + 1
+    assert written["checkpoint_shapes"]["decoder_layers"] == 3
+    assert len(written["rows"]) == len({row["run"] for row in earlier["rows"][2:]} | {"scratch_decoder_1-s1234"}) + 2
     text = (tmp_path / "out" / "speed_quality.md").read_text()
     assert f"The rows timed on {written['date']}: the dense checkpoint was lost with its machine, so they were timed " \
         "against an untrained dense model of its shapes (7,711,744 parameters" in text
@@ -439,3 +485,26 @@ def test_speed_quality_leaves_a_run_to_the_live_process_that_holds_it(tmp_path):
     for stale in (ended.stdout, ""):  # a process that has ended; a holder stopped before it wrote its pid
         lock.write_text(stale)
         assert claim(lock) and lock.read_text() == f"{os.getpid()}\n"
+
+
+def test_the_readme_quotes_the_speed_quality_measurement_it_links():
+    """The test BLEU and speed-ups README's "Does it buy speed" quotes for the from-scratch model, one decoder layer
+    cut from the checkpoint and the 0.5 target are those of docs/benchmarks/speed_quality.json (mean ± spread)."""
+    bench = _load("speed_quality")
+    results = json.loads((ROOT / "docs" / "benchmarks" / "speed_quality.json").read_text())
+    points = {(p["method"], p["target"], p["point"]): p for p in bench.summary(results)["points"]}
+    readme = (ROOT / "README.md").read_text()
+    bullet = readme[readme.index("**Does it buy speed without losing quality?"):]
+    bullet = " ".join(bullet[: bullet.index("\n\n")].split())  # one line: the README wraps where it likes
+    bleu = lambda p: f"{p['test_bleu']:.2f}" + (f" ± {p['test_bleu_sd']:.2f}" if p["test_bleu_sd"] else "")  # noqa: E731
+    scratch = points[("dense from scratch, 1 decoder layer", None, "")]
+    assert f"scores {bleu(scratch)} at {scratch['transformers b1']:.2f}x" in bullet
+    assert f"({results['checkpoint_test_bleu'] - scratch['test_bleu']:.2f} below the checkpoint)" in bullet
+    assert f"(test BLEU {results['checkpoint_test_bleu']:.2f})" in bullet
+    one_layer = points[("even decoder layers", None, "decoder_1_of_3")]
+    seqkd = points[("even decoder layers + seq-KD", None, "decoder_1_of_3")]
+    assert f"scores {bleu(one_layer)} ({seqkd['test_bleu']:.2f} with seq-KD)" in bullet
+    gated = [points[("gates: heads + FFN + layers", 0.5, "")], points[(
+        "gates: every kind, 100 gated + 300 fine-tuning steps", 0.5, "")]]
+    random = points[("random, same predicted latency", 0.5, "latency_0.5")]
+    assert f"({bleu(gated[0])} and {bleu(gated[1])} for two gated protocols against {bleu(random)})" in bullet
