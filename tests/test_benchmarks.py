@@ -458,7 +458,7 @@ def test_speed_quality_times_runs_trained_since_a_lost_checkpoint_against_a_stan
     monkeypatch.setattr(bench, "measure", fake_measure)
     assert bench.main([*measure, "--runs", str(runs), "--out", str(tmp_path / "out")]) == 0
     written = json.loads((tmp_path / "out" / "speed_quality.json").read_text())
-    assert seen[0].stand_in and written["stand_ins"] == {written["date"]: seen[0].stand_in}
+    assert seen[0].stand_in and written["stand_ins"][written["date"]] == seen[0].stand_in
     assert written["checkpoint_step"] == 5750 and written["checkpoint_test_bleu"] == earlier["checkpoint_test_bleu"]
     assert written["checkpoint_shapes"]["decoder_layers"] == 3
     assert len(written["rows"]) == len({row["run"] for row in earlier["rows"][2:]} | {"scratch_decoder_1-s1234"}) + 2
@@ -499,7 +499,9 @@ def test_the_readme_quotes_the_speed_quality_measurement_it_links():
     bleu = lambda p: f"{p['test_bleu']:.2f}" + (f" ± {p['test_bleu_sd']:.2f}" if p["test_bleu_sd"] else "")  # noqa: E731
     scratch = points[("dense from scratch, 1 decoder layer", None, "")]
     assert f"scores {bleu(scratch)} at {scratch['transformers b1']:.2f}x" in bullet
-    assert f"({results['checkpoint_test_bleu'] - scratch['test_bleu']:.2f} below the checkpoint)" in bullet
+    assert f"({results['checkpoint_test_bleu'] - scratch['test_bleu']:.2f} below the checkpoint;" in bullet
+    narrow = points[("dense from scratch, FFN 512, 2 decoder layers", None, "")]
+    assert f"{bleu(narrow)} at {narrow['transformers b1']:.2f}x, the only model within 0.5 BLEU" in bullet
     assert f"(test BLEU {results['checkpoint_test_bleu']:.2f})" in bullet
     one_layer = points[("even decoder layers", None, "decoder_1_of_3")]
     seqkd = points[("even decoder layers + seq-KD", None, "decoder_1_of_3")]
