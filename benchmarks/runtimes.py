@@ -5,8 +5,9 @@ Models: the default model's dense checkpoint and exports of the lambda sweep wit
 (docs/lambda_sweep_kinds.md), with their validation BLEU measured here on the same pairs in each runtime; and
 Transformer-base shapes (a random Marian, d 512, 6+6 layers, 8 heads, FFN 2048, 32k vocabulary) cut by the plans
 of the structures issue; with --untrained, an untrained model of the dense checkpoint's shapes beside it (does a
-fixed number of tokens take the same time whatever the weights?). Each runtime decodes exactly --new-tokens tokens per sentence (EOS held off), at batch 1
-(--sentences sources, one at a time) and batch 32; with one thread and with every core.
+fixed number of tokens take the same time whatever the weights?). Each runtime decodes exactly --new-tokens tokens
+per sentence (EOS held off), at batch 1 (--sentences sources, one at a time) and batch 32; with one thread and with
+every core.
 
     .venv/bin/python benchmarks/runtimes.py --dense RUN/checkpoints/dense.ckpt --exports A/1 A/2 [--out docs/benchmarks/runtimes.md]
 """

@@ -461,8 +461,8 @@ def render(results: dict) -> str:
              f"model given the same: test BLEU {fmt(s['dense_same_training'])}. Speed-up: CPU time of the dense "
              f"checkpoint's `generate()` over this model's, greedy, {results['timing']['new_tokens']} tokens per "
              f"sentence, one thread, every model timed in turn (median of {results['timing']['repeats']}); "
-             f"CTranslate2 columns against the dense model in CTranslate2 of the same measurement (CTranslate2 alone at "
-             f"batch 1, {ct2_gains(results)}), the last column against the dense model's `generate()`. Test split, "
+             "CTranslate2 columns against the dense model in CTranslate2 of the same measurement (CTranslate2 alone "
+             f"at batch 1, {ct2_gains(results)}), the last column against the dense model's `generate()`. Test split, "
              "greedy.",
              ""]
     header = ["method", "target", "point", "seeds", "test BLEU", "generate() b1", "b32", "ct2 b1", "ct2 b32",

@@ -327,15 +327,15 @@ def test_speed_quality_keeps_an_earlier_measurements_rows_for_the_runs_not_timed
     # measurement's, and the plot puts each point at its rows' own CTranslate2 time against dense generate()
     assert merged["ct2_gains"][now["date"]] == 4.0 and merged["ct2_gains"][when] == earlier["ct2_gain_b1"]
     assert set(merged["ct2_gains"]) == {now["date"]} | {row["measured"] for row in merged["rows"][4:]}
-    assert f"CTranslate2 alone at batch 1, 2026-12-03 10:00 UTC: 4.00x; " in bench.render(merged)
+    assert "CTranslate2 alone at batch 1, 2026-12-03 10:00 UTC: 4.00x; " in bench.render(merged)
     # a json of before either was recorded (no date, no gains, every row its own): its gain under its label
     undated = {key: value for key, value in earlier.items() if key not in ("date", "ct2_gains")}
     undated["rows"] = [{k: v for k, v in row.items() if k != "measured"} for row in earlier["rows"]]
     old = bench.keep_earlier(json.loads(json.dumps(now)), undated, path)
     assert old["ct2_gains"] == {now["date"]: 4.0, "an earlier measurement (speed_quality.json)": earlier["ct2_gain_b1"]}
     # rows kept twice from a json that recorded no gains for them: said, not dropped
-    twice = {**undated, "date": "2026-12-04 10:00 UTC",
-             "rows": [*undated["rows"][:2], *({**row, "measured": "2026-12-01 10:00 UTC"} for row in undated["rows"][2:])]}
+    older = [{**row, "measured": "2026-12-01 10:00 UTC"} for row in undated["rows"][2:]]
+    twice = {**undated, "date": "2026-12-04 10:00 UTC", "rows": [*undated["rows"][:2], *older]}
     again = bench.keep_earlier(json.loads(json.dumps(now)), twice, path)
     assert again["ct2_gains"] == {now["date"]: 4.0, "2026-12-01 10:00 UTC": None}
     assert "2026-12-01 10:00 UTC: not recorded" in bench.render(again)

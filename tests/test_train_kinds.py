@@ -208,7 +208,8 @@ def test_the_runtimes_benchmark_times_dense_and_pruned_in_each_runtime(every_kin
     # beside the checkpoint, an untrained model of its shapes: the same parameters, other weights
     assert list(group["variants"])[:2] == ["default dense", "default dense, untrained"]
     assert group["variants"]["default dense, untrained"]["params"] == group["variants"]["default dense"]["params"]
-    assert group["variants"]["default dense, untrained"]["note"] == "the dense checkpoint's config, random weights (seed 0)"
+    untrained = group["variants"]["default dense, untrained"]
+    assert untrained["note"] == "the dense checkpoint's config, random weights (seed 0)"
     cells = {(c["variant"], c["runtime"], c["batch"]) for c in group["cells"] if c["wall"] > 0}
     assert cells == {(v, r, b) for v in group["variants"] for r in chosen for b in (1, 32)}
     # the same sentences in each runtime: float32 CTranslate2 gives generate()'s translations, so its BLEU
