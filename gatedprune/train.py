@@ -23,6 +23,7 @@ from gatedprune.errors import BAD_INPUT, in_sweep, one_line
 from gatedprune.methods.base import Method
 from gatedprune.reports.speed import speed_options
 from gatedprune.shipping.export import ExportConfig
+from gatedprune import teacher  # noqa: F401  (the ${gp.teacher:} resolver of model=teacher)
 from gatedprune.training import checkpoints, rundir, schedule
 from gatedprune.training.checkpoint_io import with_atomic_checkpoints
 from gatedprune.training.csv_logger import ResumableCSVLogger

@@ -91,7 +91,7 @@ def test_readme_command(command, tmp_path):
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
             cfg = compose("train", overrides=overrides, return_hydra_config=True)
         _check_applied(cfg, overrides)
-    elif program.startswith("benchmarks/"):  # a benchmark script: it exists, and takes the options shown
+    elif program.startswith(("benchmarks/", "scripts/")):  # a script: it exists, and takes the options shown
         proc = subprocess.run([sys.executable, str(ROOT / program), "--help"], capture_output=True, text=True,
                               env=offline_env(), cwd=tmp_path, timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]
