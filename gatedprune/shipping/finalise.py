@@ -181,20 +181,26 @@ def _finetune(session: Session, pruned, export: dict, out_dir: Path, score_on, s
     dense = dense_model(module) if tuning.targets != "labels" else None  # sequence-level targets are its translations
     inside = _inside(out_dir, run_dir)
     identity = {"dir": str(out_dir.resolve().relative_to(run_dir.resolve()) if inside else out_dir.resolve()),
-                "plan": export["plan"], "steps": tuning.steps, "lr": tuning.lr, "distill": tuning.distill,
+                "plan": export["plan"], "steps": tuning.steps, "lr": tuning.lr, "warmup_steps": tuning.warmup_steps,
+                "decay": tuning.decay, "distill": tuning.distill,
                 "targets": tuning.targets, "seed": session.cfg.seed}
     resume = resume_point(checkpoint, identity)
     if resume:
         print(f"resuming fine-tuning from {resume}")
+    timing: dict = {}
     tuned = finetune(pruned, datamodule, tuning, trainer, module.optim.label_smoothing, teacher, module.pruning.distill,
                      max_bad_steps=module.optim.max_bad_steps, seed=session.cfg.seed, identity=identity, resume=resume,
-                     dense=dense)
+                     dense=dense, timing=timing)
+    # the case for pruning is compute: what the phase took (the teacher's forward passes and targets included)
+    wall, trained = timing["wall_s"], timing["steps"]
+    print(f"fine-tuning took {wall:.1f} s for {trained} steps ({wall / max(trained, 1):.3f} s per step)")
     check_finite(tuned, "the end of fine-tuning")  # weights that are not finite are never written
     save_pruned(tuned, out_dir, module.tokenizer, overwrite=inside)
     checkpoint.unlink(missing_ok=True)  # this fine-tune is done: a relaunch must not resume it
     reloaded = load_pruned(out_dir).to(session.device)
-    result = {"dir": str(out_dir), "steps": tuning.steps, "lr": tuning.lr, "distill": tuning.distill,
-              "targets": tuning.targets,
+    result = {"dir": str(out_dir), "steps": tuning.steps, "lr": tuning.lr, "warmup_steps": tuning.warmup_steps,
+              "decay": tuning.decay, "distill": tuning.distill, "targets": tuning.targets,
+              "wall_s": round(wall, 2), "steps_timed": trained, "s_per_step": round(wall / max(trained, 1), 4),
               "validation": score_on(reloaded, "validation")}
     if score_test:
         result["test"] = score_on(reloaded, "test")

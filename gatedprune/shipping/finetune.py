@@ -15,6 +15,8 @@ of them in a row stop it (``FloatingPointError``), and weights that are not fini
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +38,9 @@ class FineTuneConfig:
     """``finetune.*`` (``conf/finetune/default.yaml`` holds the defaults); steps 0 ships the exported model as it is."""
 
     steps: int = 100
-    lr: float = 1e-4  # constant: the model is trained already, this only lets the kept heads adjust
+    lr: float = 1e-4  # the peak: reached after warmup_steps, then decay
+    warmup_steps: int = 0  # linear from lr / warmup_steps at the first step to lr
+    decay: str = "constant"  # after the warm-up: constant, linear (to 0 at the last step), cosine (likewise), inverse_sqrt
     distill: bool = False  # keep distilling from the dense model (needs pruning.distill.alpha or .hidden > 0)
     targets: str = "labels"  # labels: the references; dense_greedy: the dense model's greedy translations
     out_dir: str = "pruned_finetuned"
@@ -46,8 +50,35 @@ class FineTuneConfig:
         check_numbers("finetune", self)
         if self.steps < 0 or not self.lr > 0:
             raise ValueError(f"finetune.steps={self.steps}, finetune.lr={self.lr}; allowed: steps >= 0, lr > 0")
+        if self.decay not in DECAYS:
+            raise ValueError(f"finetune.decay={self.decay!r}; allowed: {', '.join(DECAYS)}")
+        if self.warmup_steps < 0 or (self.steps and self.warmup_steps > self.steps):
+            raise ValueError(f"finetune.warmup_steps={self.warmup_steps} with finetune.steps={self.steps}; allowed: "
+                             f"0 <= warmup_steps <= steps (a warm-up no longer than the phase)")
         if self.targets not in TARGETS:
             raise ValueError(f"finetune.targets={self.targets!r}; allowed: {', '.join(TARGETS)}")
+
+
+DECAYS = ("constant", "linear", "cosine", "inverse_sqrt")
+
+
+def lr_factor(step: int, steps: int, warmup_steps: int, decay: str) -> float:
+    """The learning rate of (0-based) step ``step`` of ``steps``, as a fraction of the peak ``finetune.lr``.
+
+    Warm-up: (step + 1) / warmup_steps, so the first step already trains. Then, with t = step - warmup_steps and
+    n = steps - warmup_steps: constant 1; linear 1 - t / n; cosine (1 + cos(pi t / n)) / 2; inverse_sqrt
+    sqrt(max(warmup_steps, 1) / (step + 1)), as the dense phase's schedule.
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    t, n = step - warmup_steps, max(steps - warmup_steps, 1)
+    if decay == "linear":
+        return max(0.0, 1.0 - t / n)
+    if decay == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * min(t, n) / n))
+    if decay == "inverse_sqrt":
+        return math.sqrt(max(warmup_steps, 1) / (step + 1))
+    return 1.0
 
 
 class PrunedFineTuning(L.LightningModule):
@@ -67,6 +98,7 @@ class PrunedFineTuning(L.LightningModule):
         self.layer_maps = LayerMaps.for_model(teacher) if teacher is not None and distill.maps_layers else None
         self.seed, self.identity = seed, identity or {}
         self.bad_steps = BadSteps(max_bad_steps, "fine-tuning step")
+        self.first_step = 0
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor | None:
         if self.teacher is not None:
@@ -81,8 +113,11 @@ class PrunedFineTuning(L.LightningModule):
         return loss
 
     def on_train_start(self) -> None:
+        self.first_step = self.global_step  # a resumed fine-tune times only the steps it trains
         resumed = f", resumed at step {self.global_step}" if self.global_step else ""
-        print(f"fine-tuning {self.identity.get('dir', 'the export')}: {self.config.steps} steps at lr {self.config.lr}"
+        c = self.config
+        schedule = "" if (c.warmup_steps, c.decay) == (0, "constant") else f" ({c.warmup_steps} warm-up, {c.decay})"
+        print(f"fine-tuning {self.identity.get('dir', 'the export')}: {c.steps} steps at lr {c.lr}{schedule}"
               f"{resumed}")
 
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
@@ -115,7 +150,11 @@ class PrunedFineTuning(L.LightningModule):
 
     def configure_optimizers(self):
         maps = list(self.layer_maps.parameters()) if self.layer_maps is not None else []
-        return torch.optim.AdamW(list(self.model.parameters()) + maps, lr=self.config.lr, weight_decay=0.0)
+        optimizer = torch.optim.AdamW(list(self.model.parameters()) + maps, lr=self.config.lr, weight_decay=0.0)
+        config = self.config
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_factor(step, config.steps, config.warmup_steps, config.decay))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
 def check_finite(model: nn.Module, when: str) -> None:
@@ -171,7 +210,7 @@ def resume_point(path: Path, identity: dict) -> Path | None:
 def finetune(model: nn.Module, datamodule, config: FineTuneConfig, trainer: L.Trainer, label_smoothing: float,
              teacher: nn.Module | None = None, distill: DistillOptions | None = None, *, max_bad_steps: int = 10,
              seed: int = 0, identity: dict | None = None, resume: Path | None = None,
-             dense: nn.Module | None = None) -> nn.Module:
+             dense: nn.Module | None = None, timing: dict | None = None) -> nn.Module:
     """Train ``model`` (pruned, ungated) for ``config.steps`` steps on the training split (from the checkpoint
     ``resume``, if given); returns it in eval mode.
 
@@ -181,8 +220,10 @@ def finetune(model: nn.Module, datamodule, config: FineTuneConfig, trainer: L.Tr
 
     ``FloatingPointError`` if it diverged: ``max_bad_steps`` bad steps in a row, or the last step bad (the weights
     then give no finite loss); the caller checks the weights (``check_finite``) before it saves them.
-    ``SIGTERMException`` carries what was saved on SIGTERM.
+    ``SIGTERMException`` carries what was saved on SIGTERM. ``timing``, if given, receives ``wall_s`` (targets, the
+    teacher's passes and training, in this process) and ``steps`` (trained in this process: a resumed fine-tune's rest).
     """
+    started = time.perf_counter()
     datamodule.load_state_dict({})  # from the first batch of an epoch, whatever the gated run had reached
     module = PrunedFineTuning(model.train(), config, label_smoothing, teacher, distill, max_bad_steps=max_bad_steps,
                               seed=seed, identity=identity)
@@ -195,6 +236,8 @@ def finetune(model: nn.Module, datamodule, config: FineTuneConfig, trainer: L.Tr
     try:
         # weights_only: Lightning unpickles only tensors and plain data, so a checkpoint cannot run code on resume
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
+        if timing is not None:
+            timing.update(wall_s=time.perf_counter() - started, steps=trainer.global_step - module.first_step)
     except SIGTERMException:
         saved = [c.message for c in trainer.callbacks if isinstance(c, FineTuneCheckpoint) and c.message]
         raise SIGTERMException(saved[0] if saved else "SIGTERM during fine-tuning; nothing was saved") from None
