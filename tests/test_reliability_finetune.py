@@ -194,3 +194,42 @@ def test_each_level_of_a_method_has_its_own_fine_tuning_checkpoint(tmp_path):
     levels = [_checkpoint(session, run / "levels" / f"{n:03d}_heads" / "pruned_finetuned") for n in (12, 6)]
     assert levels == [run / "checkpoints" / "finetune-levels-012_heads.ckpt",
                       run / "checkpoints" / "finetune-levels-006_heads.ckpt"]
+
+
+def test_a_fine_tune_killed_with_sigkill_resumes_from_its_last_periodic_checkpoint_bit_identically(tmp_path):
+    import time
+
+    every = ["finetune.steps=40", "finetune.checkpoint_every=10", "finetune.warmup_steps=5", "finetune.decay=linear"]
+    reference = tmp_path / "reference"
+    proc = run_train(reference, *every)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not (reference / "checkpoints" / "finetune.ckpt").exists()  # a finished fine-tune removes it
+
+    run_dir = tmp_path / "run"
+    checkpoint = run_dir / "checkpoints" / "finetune.ckpt"
+    proc = _start(run_dir, *every)
+    deadline = time.monotonic() + 240
+    while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.kill()  # SIGKILL: no handler runs, nothing is saved on the way out
+    proc.communicate(timeout=60)
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    assert saved["global_step"] % 10 == 0 and 0 < saved["global_step"] < 40
+    assert not (run_dir / "pruned_finetuned").exists()
+
+    proc = _start(run_dir, *every)  # the same command
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, out[-3000:]
+    assert f"resuming fine-tuning from {checkpoint}" in out and "resumed at step" in out
+    assert not checkpoint.exists()
+    tuned, expected = _weights(run_dir / "pruned_finetuned"), _weights(reference / "pruned_finetuned")
+    assert tuned.keys() == expected.keys()
+    assert all(torch.equal(tuned[k], expected[k]) for k in expected), "not bit-identical to the uninterrupted run"
+
+
+def test_a_checkpoint_interval_beyond_250_or_below_1_is_refused(tmp_path):
+    for bad in (0, 251):
+        run_dir = tmp_path / f"run{bad}"
+        proc = run_train(run_dir, "finetune.steps=20", f"finetune.checkpoint_every={bad}")
+        assert proc.returncode == 2 and f"finetune.checkpoint_every={bad}; allowed: 1 to 250" in error_line(proc)
+        assert not run_dir.exists()

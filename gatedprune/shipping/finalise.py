@@ -173,7 +173,7 @@ def _finetune(session: Session, pruned, export: dict, out_dir: Path, score_on, s
     """
     module, datamodule, tuning, run_dir = session.module, session.datamodule, session.tuning, session.run_dir
     checkpoint = _checkpoint(session, out_dir)
-    saver = FineTuneCheckpoint(checkpoint)
+    saver = FineTuneCheckpoint(checkpoint, every=tuning.checkpoint_every)
     trainer = instantiate(session.cfg.trainer, max_steps=tuning.steps, devices=1, strategy="auto", num_nodes=1, logger=False,
                           callbacks=[saver], enable_checkpointing=False, limit_val_batches=0, num_sanity_val_steps=0,
                           plugins=with_atomic_checkpoints(session.cfg.trainer))

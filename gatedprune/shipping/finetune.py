@@ -41,6 +41,7 @@ class FineTuneConfig:
     lr: float = 1e-4  # the peak: reached after warmup_steps, then decay
     warmup_steps: int = 0  # linear from lr / warmup_steps at the first step to lr
     decay: str = "constant"  # after the warm-up: constant, linear (to 0 at the last step), cosine (likewise), inverse_sqrt
+    checkpoint_every: int = 100  # steps between checkpoints (at most 250): a relaunch after a kill resumes there
     distill: bool = False  # keep distilling from the dense model (needs pruning.distill.alpha or .hidden > 0)
     targets: str = "labels"  # labels: the references; dense_greedy: the dense model's greedy translations
     out_dir: str = "pruned_finetuned"
@@ -52,6 +53,9 @@ class FineTuneConfig:
             raise ValueError(f"finetune.steps={self.steps}, finetune.lr={self.lr}; allowed: steps >= 0, lr > 0")
         if self.decay not in DECAYS:
             raise ValueError(f"finetune.decay={self.decay!r}; allowed: {', '.join(DECAYS)}")
+        if not 1 <= self.checkpoint_every <= MAX_CHECKPOINT_EVERY:
+            raise ValueError(f"finetune.checkpoint_every={self.checkpoint_every}; allowed: 1 to {MAX_CHECKPOINT_EVERY} "
+                             "steps (what a kill can lose)")
         if self.warmup_steps < 0 or (self.steps and self.warmup_steps > self.steps):
             raise ValueError(f"finetune.warmup_steps={self.warmup_steps} with finetune.steps={self.steps}; allowed: "
                              f"0 <= warmup_steps <= steps (a warm-up no longer than the phase)")
@@ -60,6 +64,7 @@ class FineTuneConfig:
 
 
 DECAYS = ("constant", "linear", "cosine", "inverse_sqrt")
+MAX_CHECKPOINT_EVERY = 250  # a long fine-tune must survive the end of a session: at most this many steps are lost
 
 
 def lr_factor(step: int, steps: int, warmup_steps: int, decay: str) -> float:
@@ -168,11 +173,19 @@ def check_finite(model: nn.Module, when: str) -> None:
 
 
 class FineTuneCheckpoint(L.Callback):
-    """On SIGTERM, save the fine-tune's whole state to ``path`` (weights, optimiser, step, data position: tensors and
-    plain data), unless its weights are not finite; ``message`` then says what was saved, for the run's status."""
+    """Save the fine-tune's whole state to ``path`` (weights, optimiser, schedule, step, data position: tensors and
+    plain data) every ``every`` steps and on SIGTERM, unless its weights are not finite; ``message`` then says what
+    SIGTERM saved, for the run's status. The file is written beside its target and renamed (the trainer's
+    ``AtomicCheckpointIO``), so a kill (SIGKILL too) leaves the last whole one, which a relaunch resumes."""
 
-    def __init__(self, path: str | Path):
-        self.path, self.message = Path(path), None
+    def __init__(self, path: str | Path, every: int | None = None):
+        self.path, self.every, self.message = Path(path), every, None
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if self.every and step % self.every == 0 and 0 < step < pl_module.config.steps:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            trainer.save_checkpoint(self.path, weights_only=False)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException):
