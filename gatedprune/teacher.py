@@ -11,7 +11,6 @@ Nothing a run makes is written here: latency fits and sequence-level targets are
 
 from __future__ import annotations
 
-import hashlib
 import json
 import platform
 import time
@@ -20,6 +19,8 @@ from typing import Sequence
 
 import torch
 from omegaconf import OmegaConf
+
+from gatedprune.utils import file_sha256 as sha256
 
 TEACHER_DIR = Path(__file__).resolve().parents[1] / "teacher"  # the checkout's teacher/, beside the package
 RECORD = "teacher.json"
@@ -38,15 +39,6 @@ def teacher_dir() -> str:
 
 if not OmegaConf.has_resolver("gp.teacher"):
     OmegaConf.register_new_resolver("gp.teacher", teacher_dir)
-
-
-def sha256(path: str | Path) -> str:
-    """sha256 of a file's bytes, read in 1 MiB pieces."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for piece in iter(lambda: f.read(1 << 20), b""):
-            digest.update(piece)
-    return digest.hexdigest()
 
 
 def record(directory: str | Path = TEACHER_DIR) -> dict:
@@ -80,10 +72,10 @@ def make_teacher(run_dir: str | Path, out_dir: str | Path = TEACHER_DIR, *, over
     ``overrides``: the data settings the run was trained with, if not the embedded default's (scoring composes them
     as ``gatedprune-evaluate`` does). Written into a hidden sibling and renamed: nothing half-written is left.
     """
-    import transformers
+    from transformers import AutoTokenizer
 
     from gatedprune.shipping.export_dir import staged
-    from gatedprune.training.checkpoints import load_checkpoint_file, strip_prefix
+    from gatedprune.training.checkpoints import checkpoint_model, load_checkpoint_file
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     checkpoint_path = run_dir / "checkpoints" / "dense.ckpt"
@@ -91,12 +83,8 @@ def make_teacher(run_dir: str | Path, out_dir: str | Path = TEACHER_DIR, *, over
         raise ValueError(f"{checkpoint_path} does not exist; allowed: the directory of a finished "
                          "experiment=converge run (it saves checkpoints/dense.ckpt where it stops)")
     checkpoint = load_checkpoint_file(checkpoint_path)  # tensors and plain data only
-    config = transformers.AutoConfig.for_model(**checkpoint["hf_config"])
-    model = transformers.AutoModelForSeq2SeqLM.from_config(config)
-    model.load_state_dict(strip_prefix(checkpoint["state_dict"], "model."))
-    if "generation_config" in checkpoint:
-        model.generation_config = transformers.GenerationConfig.from_dict(checkpoint["generation_config"])
-    tokenizer = transformers.AutoTokenizer.from_pretrained(run_dir / "tokenizer")
+    model = checkpoint_model(checkpoint)
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "tokenizer")
     status = json.loads((run_dir / "status.json").read_text()) if (run_dir / "status.json").is_file() else {}
     metrics = json.loads((run_dir / "metrics.json").read_text()) if (run_dir / "metrics.json").is_file() else {}
     started = time.time()
@@ -121,4 +109,3 @@ def make_teacher(run_dir: str | Path, out_dir: str | Path = TEACHER_DIR, *, over
         }
         (stage / RECORD).write_text(json.dumps(made, indent=2) + "\n")
     return made
-

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import hashlib
 import json
 import math
 import os
@@ -13,6 +14,15 @@ from pathlib import Path
 from typing import BinaryIO
 
 from gatedprune.errors import NoSpaceLeft
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

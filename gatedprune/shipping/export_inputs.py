@@ -3,7 +3,6 @@ another run's file), a record of which file it read, the pairs to verify on and 
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -11,6 +10,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
+
+from gatedprune.utils import file_sha256
 
 Pairs = Sequence[tuple[str, str]]
 
@@ -55,11 +56,7 @@ def find_run_files(source: Path) -> tuple[Path, Path | None]:
 
 def file_record(path: Path) -> dict:
     """``{"path", "sha256"}`` of the checkpoint an export read: which file, and which contents of it."""
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return {"path": str(path.resolve()), "sha256": digest.hexdigest()}
+    return {"path": str(path.resolve()), "sha256": file_sha256(path)}
 
 
 def check_device(device: str | None) -> None:

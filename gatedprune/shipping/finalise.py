@@ -193,14 +193,15 @@ def _finetune(session: Session, pruned, export: dict, out_dir: Path, score_on, s
                      dense=dense, timing=timing)
     # the case for pruning is compute: what the phase took (the teacher's forward passes and targets included)
     wall, trained = timing["wall_s"], timing["steps"]
-    print(f"fine-tuning took {wall:.1f} s for {trained} steps ({wall / max(trained, 1):.3f} s per step)")
+    per_step = wall / max(trained, 1)
+    print(f"fine-tuning took {wall:.1f} s for {trained} steps ({per_step:.3f} s per step)")
     check_finite(tuned, "the end of fine-tuning")  # weights that are not finite are never written
     save_pruned(tuned, out_dir, module.tokenizer, overwrite=inside)
     checkpoint.unlink(missing_ok=True)  # this fine-tune is done: a relaunch must not resume it
     reloaded = load_pruned(out_dir).to(session.device)
     result = {"dir": str(out_dir), "steps": tuning.steps, "lr": tuning.lr, "warmup_steps": tuning.warmup_steps,
               "decay": tuning.decay, "distill": tuning.distill, "targets": tuning.targets,
-              "wall_s": round(wall, 2), "steps_timed": trained, "s_per_step": round(wall / max(trained, 1), 4),
+              "wall_s": round(wall, 2), "steps_timed": trained, "s_per_step": round(per_step, 4),
               "validation": score_on(reloaded, "validation")}
     if score_test:
         result["test"] = score_on(reloaded, "test")

@@ -310,14 +310,21 @@ def _forget_past_a_broken_dense(checkpoints: Path) -> None:
     dense.replace(aside[0])
 
 
-def load_gated_checkpoint(path: str | Path) -> tuple[transformers.PreTrainedModel, HeadGates]:
-    """Rebuild the gated model of a Lightning checkpoint written by the gated trainer."""
-    checkpoint = load_checkpoint_file(path)
+def checkpoint_model(checkpoint: dict) -> transformers.PreTrainedModel:
+    """The model of a loaded checkpoint of the gated trainer (``load_checkpoint_file``), without its gates: its
+    config, weights and generation settings."""
     config = transformers.AutoConfig.for_model(**checkpoint["hf_config"])
     model = transformers.AutoModelForSeq2SeqLM.from_config(config)
     model.load_state_dict(strip_prefix(checkpoint["state_dict"], "model."))
     if "generation_config" in checkpoint:
         model.generation_config = transformers.GenerationConfig.from_dict(checkpoint["generation_config"])
+    return model
+
+
+def load_gated_checkpoint(path: str | Path) -> tuple[transformers.PreTrainedModel, HeadGates]:
+    """Rebuild the gated model of a Lightning checkpoint written by the gated trainer."""
+    checkpoint = load_checkpoint_file(path)
+    model = checkpoint_model(checkpoint)
     gates = attach_gates(model, checkpoint["gate_kinds"], ffn_group=checkpoint.get("gate_ffn_group", 1),
                          **checkpoint["gate_options"])
     gates.load_state_dict(strip_prefix(checkpoint["state_dict"], "gates."))
