@@ -1,4 +1,4 @@
-"""``python -m gatedprune <command> [arguments]``: train, export, sweep, evaluate, analyze or latency (the gatedprune-* commands)."""
+"""``python -m gatedprune <command> [arguments]``: train, export, finetune, sweep, evaluate, analyze or latency (the gatedprune-* commands)."""
 
 import os
 import sys

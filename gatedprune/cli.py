@@ -285,7 +285,34 @@ def latency_command(argv: Sequence[str] | None = None) -> int:
     return run_reported(run)
 
 
-COMMANDS = {"train": train_command, "export": export_command, "sweep": sweep_command, "evaluate": evaluate_command,
+def finetune_command(argv: Sequence[str] | None = None) -> int:
+    """``gatedprune-finetune PRUNED_DIR --teacher DIR [overrides]``: recover an existing export (``pruning=recover``)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="gatedprune-finetune",
+        description="Fine-tune a pruned export on the trainer's data, with the teacher it was pruned from for "
+                    "sequence-level targets and distillation; the gates are not run again. Writes RUN/metrics.json "
+                    "and the fine-tuned model in RUN/pruned_finetuned (finetune.out_dir).",
+    )
+    parser.add_argument("pruned_dir", help="a directory written by gatedprune (a run's pruned/, gatedprune-export)")
+    parser.add_argument("overrides", nargs="*", help="the trainer's options, e.g. finetune.steps=2000 "
+                        "finetune.targets=dense_greedy data=files data.files.train=train.tsv")
+    parser.add_argument("--teacher", required=True,
+                        help="the dense model it was pruned from: a model directory, a hub id, or 'kept' (the "
+                             "repository's teacher/)")
+    parser.add_argument("--out", default=None, help="the run directory (default outputs/<date>/<time>)")
+    args = parser.parse_intermixed_args(argv)
+    model = ["model=teacher"] if args.teacher == "kept" else ["model=pretrained",
+                                                               f"model.name_or_path={args.teacher}"]
+    hydra_args = ["pruning=recover", f"pruning.pruned={args.pruned_dir}", *model, "dense_steps=0", *args.overrides]
+    if args.out:
+        hydra_args.append(f"hydra.run.dir={args.out}")
+    sys.argv = ["gatedprune-finetune", *hydra_args]
+    return train_command()
+
+
+COMMANDS = {"train": train_command, "finetune": finetune_command, "export": export_command, "sweep": sweep_command, "evaluate": evaluate_command,
             "analyze": analyze_command, "latency": latency_command}
 
 

@@ -187,6 +187,7 @@ def _command_modules() -> list[str]:
 # a bad argument each command refuses in its own words: proof that the command ran rather than nothing
 DOTTED = {
     "export": (["/nonexistent/run", "/nonexistent/out"], "/nonexistent/run"),
+    "finetune": (["/nonexistent/pruned", "--teacher", "/nonexistent/teacher"], "/nonexistent/pruned"),
     "sweep": (["/nonexistent/multirun"], "/nonexistent/multirun"),
     "evaluate": (["/nonexistent/model"], "/nonexistent/model"),
     "analyze": (["/nonexistent/run"], "/nonexistent/run"),

@@ -72,7 +72,8 @@ def test_the_wheel_holds_package_configs_and_commands(installed, tmp_path):
     assert "experiment: compare, converge, lambda_sweep, lambda_sweep_kinds, quality, smoke" in _run([installed / "gatedprune-train", "--help"], tmp_path)
     job = _run([installed / "gatedprune-train", "experiment=smoke", "--cfg", "job"], tmp_path)
     assert "d_model: 32" in job and "l0_lambda: 0.1" in job
-    for tool in ("gatedprune-export", "gatedprune-sweep", "gatedprune-evaluate", "gatedprune-analyze", "gatedprune-latency"):
+    for tool in ("gatedprune-export", "gatedprune-finetune", "gatedprune-sweep", "gatedprune-evaluate",
+                 "gatedprune-analyze", "gatedprune-latency"):
         assert _run([installed / tool, "--help"], tmp_path).startswith(f"usage: {tool}")
 
 

@@ -10,5 +10,6 @@ from gatedprune.methods.random_draw import Random
 from gatedprune.methods.base import Method
 from gatedprune.methods.even_layers import EvenLayers
 from gatedprune.methods.gated import L0, GatedPruning, L0Budget
+from gatedprune.methods.recover import Recover
 
-__all__ = ["AStar", "EvenLayers", "GatedPruning", "L0", "L0Budget", "Method", "Michel", "PlanMethod", "Random"]
+__all__ = ["AStar", "EvenLayers", "GatedPruning", "L0", "L0Budget", "Method", "Michel", "PlanMethod", "Random", "Recover"]

@@ -18,6 +18,8 @@ from gatedprune.reports.speed import measure_speed, speed_options
 from gatedprune.shipping.export import dense_copy, export_gated
 from gatedprune.shipping.export_dir import save_pruned
 from gatedprune.shipping.finetune import FineTuneCheckpoint, check_finite, finetune, resume_point
+from gatedprune.shipping.finetune_validation import FineTuneValidation, snapshot_dir
+from gatedprune.shipping.reinit import reinitialise
 from gatedprune.surgery.model_loading import load_pruned
 from gatedprune.training.checkpoint_io import with_atomic_checkpoints
 from gatedprune.training.seq_distill import dense_model
@@ -120,17 +122,24 @@ def ship(session: Session, val_pairs, *, rule: str, top_k, out_dir: Path, finetu
 
     A fine-tune that diverges writes nothing to ``finetune_dir``: the export as verified is shipped, and
     ``finetuned`` is ``{"error", ...}`` (``tuning_error``); the caller fails the run once its metrics are written."""
-    module, datamodule, tuning, run_dir, device = (session.module, session.datamodule, session.tuning,
-                                                   session.run_dir, session.device)
-
-    def score_on(model, split: str) -> dict:
-        return module.score_split(model, split, datamodule)
-
+    module, run_dir = session.module, session.run_dir
     export = export_gated(module.model, module.gates, out_dir, module.tokenizer, rule=rule, top_k=top_k,
                           sample_inputs=val_pairs, overwrite=_inside(out_dir, run_dir))
     export["dir"] = str(out_dir)
     # the numbers users will see for the model they ship: reloaded from its directory, as they will load it
-    pruned = load_pruned(out_dir).to(device)
+    pruned = load_pruned(out_dir).to(session.device)
+    return {"export": export, **recover(session, pruned, export, finetune_dir, score_test)}
+
+
+def recover(session: Session, pruned, export: dict, finetune_dir: Path, score_test: bool) -> dict:
+    """Score the exported model ``pruned`` (``export``: its record, with its ``plan``) and fine-tune it
+    (``tuning.steps``) into ``finetune_dir``: ``{"exported", "finetuned", "test"}`` as ``ship`` returns them. The
+    part of ``ship`` that ``pruning=recover`` (``gatedprune-finetune``) runs on an export made before."""
+    module, datamodule, tuning = session.module, session.datamodule, session.tuning
+
+    def score_on(model, split: str) -> dict:
+        return module.score_split(model, split, datamodule)
+
     exported = score_on(pruned, "validation")
     test = {"pruned": score_on(pruned, "test")} if score_test else {}
     finetuned = None
@@ -138,13 +147,12 @@ def ship(session: Session, val_pairs, *, rule: str, top_k, out_dir: Path, finetu
         try:
             finetuned = _finetune(session, pruned, export, finetune_dir, score_on, score_test)
         except FloatingPointError as err:
-            return {"export": export, "exported": exported, "test": test,
-                    "finetuned": _failed(session, finetune_dir, err, exported)}
+            return {"exported": exported, "test": test, "finetuned": _failed(session, finetune_dir, err, exported)}
         finetuned["validation_before"] = headline(exported)
         exported = finetuned.pop("validation")
         if "test" in finetuned:
             test = {"pruned_before_finetune": test.get("pruned"), "pruned": finetuned.pop("test")}
-    return {"export": export, "exported": exported, "finetuned": finetuned, "test": test}
+    return {"exported": exported, "finetuned": finetuned, "test": test}
 
 
 def tuning_error(shipped: dict) -> str | None:
@@ -169,21 +177,35 @@ def _finetune(session: Session, pruned, export: dict, out_dir: Path, score_on, s
     """Fine-tune the exported model (one device, no gates), write it to ``out_dir``, reload and score it.
 
     SIGTERM saves ``<run>/checkpoints/finetune.ckpt``; a relaunch of the same fine-tune (same export and plan, same
-    ``finetune.*``) resumes from it, and a finished fine-tune removes it.
+    ``finetune.*``) resumes from it, and a finished fine-tune removes it. With ``finetune.val_check_interval`` the
+    best validation's weights are shipped (``FineTuneValidation``), and only they are scored on the test split.
     """
     module, datamodule, tuning, run_dir = session.module, session.datamodule, session.tuning, session.run_dir
+    inside = _inside(out_dir, run_dir)
+    if tuning.init == "scratch":  # the pruned shapes from nothing: what pruning must beat at equal steps
+        reinitialise(pruned, session.cfg.seed)
+        print(f"finetune.init=scratch: every weight of {out_dir.name}'s pruned shapes drawn again (seed "
+              f"{session.cfg.seed})")
     checkpoint = _checkpoint(session, out_dir)
     saver = FineTuneCheckpoint(checkpoint, every=tuning.checkpoint_every)
-    trainer = instantiate(session.cfg.trainer, max_steps=tuning.steps, devices=1, strategy="auto", num_nodes=1, logger=False,
-                          callbacks=[saver], enable_checkpointing=False, limit_val_batches=0, num_sanity_val_steps=0,
-                          plugins=with_atomic_checkpoints(session.cfg.trainer))
+
+    def snapshot(model, step: int) -> None:
+        save_pruned(model, snapshot_dir(out_dir, step), module.tokenizer, overwrite=inside)
+
+    # before the saver, so a checkpoint of step N holds step N's validation
+    validation = FineTuneValidation(lambda model: score_on(model, "validation"), tuning.val_check_interval,
+                                    tuning.patience, loggers=session.trainer.loggers,
+                                    offset=session.trainer.global_step, save_at=tuning.save_at, save=snapshot)
+    trainer = instantiate(session.cfg.trainer, max_steps=tuning.steps, devices=1, strategy="auto", num_nodes=1,
+                          logger=False, callbacks=[validation, saver], enable_checkpointing=False, limit_val_batches=0,
+                          num_sanity_val_steps=0, plugins=with_atomic_checkpoints(session.cfg.trainer))
     teacher = module.teacher if tuning.distill else None
     dense = dense_model(module) if tuning.targets != "labels" else None  # sequence-level targets are its translations
-    inside = _inside(out_dir, run_dir)
     identity = {"dir": str(out_dir.resolve().relative_to(run_dir.resolve()) if inside else out_dir.resolve()),
                 "plan": export["plan"], "steps": tuning.steps, "lr": tuning.lr, "warmup_steps": tuning.warmup_steps,
-                "decay": tuning.decay, "distill": tuning.distill,
-                "targets": tuning.targets, "seed": session.cfg.seed}
+                "decay": tuning.decay, "distill": tuning.distill, "targets": tuning.targets, "init": tuning.init,
+                "val_check_interval": tuning.val_check_interval, "patience": tuning.patience,
+                "save_at": tuning.save_at, "seed": session.cfg.seed}
     resume = resume_point(checkpoint, identity)
     if resume:
         print(f"resuming fine-tuning from {resume}")
@@ -194,14 +216,23 @@ def _finetune(session: Session, pruned, export: dict, out_dir: Path, score_on, s
     # the case for pruning is compute: what the phase took (the teacher's forward passes and targets included)
     wall, trained = timing["wall_s"], timing["steps"]
     per_step = wall / max(trained, 1)
-    print(f"fine-tuning took {wall:.1f} s for {trained} steps ({per_step:.3f} s per step)")
+    print(f"fine-tuning took {wall:.1f} s for {trained} steps ({per_step:.3f} s per step, validations included)")
+    best = validation.restore_best(tuned)  # None without validation: the last step's weights are shipped
+    shipped_step = best["step"] if best else trainer.global_step
+    if best:
+        print(f"fine-tuning ships the weights of step {shipped_step} (validation BLEU {best['bleu']:.2f}, the best "
+              f"of {len(validation.curve)} validations)")
     check_finite(tuned, "the end of fine-tuning")  # weights that are not finite are never written
     save_pruned(tuned, out_dir, module.tokenizer, overwrite=inside)
     checkpoint.unlink(missing_ok=True)  # this fine-tune is done: a relaunch must not resume it
     reloaded = load_pruned(out_dir).to(session.device)
-    result = {"dir": str(out_dir), "steps": tuning.steps, "lr": tuning.lr, "warmup_steps": tuning.warmup_steps,
-              "decay": tuning.decay, "distill": tuning.distill, "targets": tuning.targets,
+    result = {"dir": str(out_dir), "steps": tuning.steps, "steps_trained": trainer.global_step,
+              "shipped_step": shipped_step, "lr": tuning.lr, "warmup_steps": tuning.warmup_steps,
+              "decay": tuning.decay, "init": tuning.init, "distill": tuning.distill, "targets": tuning.targets,
               "wall_s": round(wall, 2), "steps_timed": trained, "s_per_step": round(per_step, 4),
+              **(validation.record() if tuning.val_check_interval else {}),
+              **({"snapshots": {step: str(snapshot_dir(out_dir, step)) for step in tuning.save_at
+                                if step <= trainer.global_step}} if tuning.save_at else {}),
               "validation": score_on(reloaded, "validation")}
     if score_test:
         result["test"] = score_on(reloaded, "test")
@@ -224,8 +255,9 @@ def _failed(session: Session, out_dir: Path, err: FloatingPointError, exported: 
     """What metrics.json keeps of a fine-tune that diverged; no fine-tuned model is left that it does not describe
     (an earlier run's ``out_dir`` inside this run directory goes too)."""
     tuning = session.tuning
-    if _inside(out_dir, session.run_dir) and out_dir.exists():
-        shutil.rmtree(out_dir)
+    for path in [out_dir, *(snapshot_dir(out_dir, step) for step in tuning.save_at)]:
+        if _inside(path, session.run_dir) and path.exists():
+            shutil.rmtree(path)
     _checkpoint(session, out_dir).unlink(missing_ok=True)
     error = one_line(str(err))
     print(f"{error}; nothing was written to {out_dir}: the export as verified is what this run ships")

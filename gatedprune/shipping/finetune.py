@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import lightning as L
@@ -42,6 +42,10 @@ class FineTuneConfig:
     warmup_steps: int = 0  # linear from lr / warmup_steps at the first step to lr
     decay: str = "constant"  # after the warm-up: constant, linear (to 0 at the last step), cosine (likewise), inverse_sqrt
     checkpoint_every: int = 100  # steps between checkpoints (at most 250): a relaunch after a kill resumes there
+    val_check_interval: int | None = None  # steps between validations; the best is shipped (None: the last step's)
+    patience: int | None = None  # stop after this many validations in a row without a BLEU gain (None: never)
+    save_at: list[int] = field(default_factory=list)  # steps whose weights are also saved (<out_dir>_step<N>)
+    init: str = "export"  # export: the pruned weights; scratch: the same shapes re-initialised (the fair reference)
     distill: bool = False  # keep distilling from the dense model (needs pruning.distill.alpha or .hidden > 0)
     targets: str = "labels"  # labels: the references; dense_greedy: the dense model's greedy translations
     out_dir: str = "pruned_finetuned"
@@ -59,11 +63,31 @@ class FineTuneConfig:
         if self.warmup_steps < 0 or (self.steps and self.warmup_steps > self.steps):
             raise ValueError(f"finetune.warmup_steps={self.warmup_steps} with finetune.steps={self.steps}; allowed: "
                              f"0 <= warmup_steps <= steps (a warm-up no longer than the phase)")
+        if self.val_check_interval is not None and not (isinstance(self.val_check_interval, int)
+                                                        and self.val_check_interval >= 1):
+            raise ValueError(f"finetune.val_check_interval={self.val_check_interval}; allowed: a number of steps >= 1, "
+                             "or null (no validation during fine-tuning)")
+        if self.patience is not None and (self.val_check_interval is None or not self.patience >= 1):
+            raise ValueError(f"finetune.patience={self.patience} with finetune.val_check_interval="
+                             f"{_shown(self.val_check_interval)}; allowed: patience >= 1 with a validation interval "
+                             "(patience counts validations), or null")
+        steps_ok = all(isinstance(step, int) and not isinstance(step, bool) for step in self.save_at)
+        if not steps_ok or any(not 1 <= step <= self.steps for step in self.save_at):
+            raise ValueError(f"finetune.save_at={self.save_at} with finetune.steps={self.steps}; allowed: steps from 1 "
+                             "to finetune.steps")
+        if self.init not in INITS:
+            raise ValueError(f"finetune.init={self.init!r}; allowed: {', '.join(INITS)}")
+        self.save_at = sorted(set(self.save_at))
         if self.targets not in TARGETS:
             raise ValueError(f"finetune.targets={self.targets!r}; allowed: {', '.join(TARGETS)}")
 
 
 DECAYS = ("constant", "linear", "cosine", "inverse_sqrt")
+INITS = ("export", "scratch")  # scratch: gatedprune.shipping.reinit, the pruned shapes trained from nothing
+
+
+def _shown(value) -> str:
+    return "null" if value is None else str(value)
 MAX_CHECKPOINT_EVERY = 250  # a long fine-tune must survive the end of a session: at most this many steps are lost
 
 
