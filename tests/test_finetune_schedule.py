@@ -61,7 +61,12 @@ def test_a_fine_tune_reports_its_time_and_schedule(tmp_path):
     run_dir = tmp_path / "run"
     proc = run_train(run_dir, "finetune.steps=6", "finetune.warmup_steps=2", "finetune.decay=linear")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    tuned = json.loads((run_dir / "metrics.json").read_text())["finetune"]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    tuned = metrics["finetune"]
+    # the training phases before it too: every step of the run, in this process
+    trained = json.loads((run_dir / "status.json").read_text())["schedule"]["max_steps"]
+    assert metrics["seconds"]["steps_timed"] == trained
+    assert metrics["seconds"]["s_per_step"] == pytest.approx(metrics["seconds"]["method"] / trained, rel=0.01)
     assert tuned["warmup_steps"] == 2 and tuned["decay"] == "linear" and tuned["steps_timed"] == 6
     assert tuned["wall_s"] > 0 and tuned["s_per_step"] == pytest.approx(tuned["wall_s"] / 6, rel=0.01)
     assert "fine-tuning pruned_finetuned: 6 steps at lr 0.0001 (2 warm-up, linear)" in proc.stdout

@@ -69,7 +69,7 @@ def test_the_targets_are_the_dense_models_greedy_translations_cached_once(data_a
     def must_not_generate(*args, **kwargs):
         raise AssertionError("the cached targets were generated again")
 
-    monkeypatch.setattr(seq_distill, "greedy_translations", must_not_generate)
+    monkeypatch.setattr(seq_distill, "translations", must_not_generate)
     assert sequence_targets(teacher, dm, tmp_path / "cache") == texts  # a relaunch reads them back
 
 
@@ -79,11 +79,11 @@ def test_another_teacher_or_a_damaged_cache_makes_the_targets_again(data_and_tea
     dm, teacher = data_and_teacher
     calls = []
 
-    def counted(model, tokenizer, src_ids, batch_size, max_new_tokens):
+    def counted(model, tokenizer, src_ids, batch_size, max_new_tokens, num_beams=1):
         calls.append(model)
         return [f"t{i}" for i in range(len(src_ids))]
 
-    monkeypatch.setattr(seq_distill, "greedy_translations", counted)
+    monkeypatch.setattr(seq_distill, "translations", counted)
     first = sequence_targets(teacher, dm, tmp_path)
     other = copy.deepcopy(teacher)
     with torch.no_grad():
@@ -111,8 +111,8 @@ def test_the_training_split_swaps_to_the_targets_and_back(data_and_teacher):
     labels = next(iter(dm.loader("train")))["labels"]
     assert any(row[row != -100].tolist() in expected for row in labels)
     assert dm.datasets["validation"] is validation  # validation keeps its references
-    with pytest.raises(ValueError, match=f"3 training targets for {len(references)} training pairs"):
-        dm.set_train_targets(texts[:3])
+    with pytest.raises(ValueError, match=f"0 training targets for {len(references)} training pairs"):
+        dm.set_train_targets([])
     dm.set_train_targets(None)
     assert dm.datasets["train"] is references and dm.batches["train"] is batches
 
@@ -144,7 +144,49 @@ def test_the_dense_model_of_a_run(tmp_path, monkeypatch):
 def test_bad_targets_are_refused_in_one_line():
     with pytest.raises(ValueError) as refused:
         FineTuneConfig(targets="teacher")
-    assert str(refused.value) == "finetune.targets='teacher'; allowed: labels, dense_greedy"
+    assert str(refused.value) == ("finetune.targets='teacher'; allowed: labels, dense_greedy, dense_beam, both_greedy, "
+                                  "both_beam")
+    with pytest.raises(ValueError, match="finetune.targets_max=5 with finetune.targets=labels; allowed"):
+        FineTuneConfig(targets_max=5)
+    with pytest.raises(ValueError, match="finetune.targets_max=0 with finetune.targets=dense_beam; allowed"):
+        FineTuneConfig(targets="dense_beam", targets_max=0)
+    for alpha in (0, 1.5):
+        with pytest.raises(ValueError, match=f"finetune.distill_alpha={alpha}; allowed: 0 < alpha <= 1"):
+            FineTuneConfig(distill_alpha=alpha)
+
+
+def _reference_beam(model, tokenizer, src_ids, beams: int) -> list[str]:
+    """Beam search over one source at a time, no padding."""
+    texts = []
+    for ids in src_ids:
+        out = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             num_beams=beams, do_sample=False, max_new_tokens=MAX_LENGTH)
+        texts.append(tokenizer.decode(out[0], skip_special_tokens=True))
+    return texts
+
+
+def test_beam_targets_of_the_first_n_sources_beside_the_references(data_and_teacher, tmp_path):
+    from gatedprune.training.seq_distill import BEAM, TARGETS
+
+    dm, teacher = data_and_teacher
+    references = dm.datasets["train"]
+    kind = TARGETS["both_beam"]
+    assert (kind.num_beams, kind.references) == (BEAM, True) == (4, True)
+    texts = sequence_targets(teacher, dm, tmp_path, num_beams=BEAM, limit=7)
+    assert texts == _reference_beam(teacher, dm.tokenizer, references.src_ids[:7], BEAM)
+    assert texts != _reference_greedy(teacher, dm.tokenizer, references.src_ids[:7])  # beam search chose others
+    # cached apart from the greedy targets of all sources, one line per translated source
+    path = cache_path(teacher, dm, tmp_path, BEAM, 7)
+    assert path != cache_path(teacher, dm, tmp_path) and len(path.read_text().splitlines()) == 7
+    dm.set_train_targets(texts, keep_references=True)
+    both = dm.datasets["train"]
+    assert both.pairs == list(references.pairs) + [(s, t) for (s, _), t in zip(references.pairs[:7], texts)]
+    assert both.src_ids == list(references.src_ids) + list(references.src_ids[:7])
+    assert sorted(i for batch in dm.batches["train"] for i in batch) == list(range(len(references) + 7))
+    dm.set_train_targets(texts)  # the translations alone: the first 7 sources
+    assert dm.datasets["train"].pairs == [(s, t) for (s, _), t in zip(references.pairs[:7], texts)]
+    dm.set_train_targets(None)
+    assert dm.datasets["train"] is references
 
 
 def test_a_run_with_layer_kinds_maps_layers_and_fine_tunes_on_the_dense_models_translations(tmp_path):
@@ -178,3 +220,28 @@ def test_a_run_with_layer_kinds_maps_layers_and_fine_tunes_on_the_dense_models_t
     with open(run / "csv" / "metrics.csv") as f:
         rows = [r for r in csv.DictReader(f) if r.get("train/distill_hidden")]
     assert rows and all(float(r["train/distill_hidden"]) >= 0 for r in rows)
+
+
+def test_a_fine_tune_distils_with_its_own_weight_on_capped_targets_beside_the_references(tmp_path, monkeypatch):
+    """finetune.distill_alpha distils in the fine-tune alone (the gated phase's alpha stays 0), on both_greedy
+    targets of the first 10 sources: the distillation term is computed at every fine-tuning step with that alpha."""
+    from gatedprune.shipping import finetune as finetune_module
+    from gatedprune.train import train
+
+    seen = []
+    real = finetune_module.distilled_loss
+
+    def counted(student, teacher, batch, options, *args, **kwargs):
+        seen.append((options.alpha, teacher is not None, len(batch["labels"])))
+        return real(student, teacher, batch, options, *args, **kwargs)
+
+    monkeypatch.setattr(finetune_module, "distilled_loss", counted)
+    run = tmp_path / "run"
+    metrics = train(compose_train(run, "experiment=smoke", "finetune.steps=3", "finetune.distill_alpha=0.5",
+                                  "finetune.targets=both_greedy", "finetune.targets_max=10", "data.max_train_pairs=30"))
+    tuned = metrics["finetune"]
+    assert (tuned["distill_alpha"], tuned["targets"], tuned["targets_max"]) == (0.5, "both_greedy", 10)
+    assert metrics["distill"]["alpha"] == 0  # the gated phase did not distil
+    assert len(seen) == 3 and all(alpha == 0.5 and has_teacher for alpha, has_teacher, _ in seen)
+    caches = list((run / "cache").glob("seqkd-*.jsonl"))
+    assert len(caches) == 1 and len(caches[0].read_text().splitlines()) == 10

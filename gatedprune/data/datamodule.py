@@ -219,23 +219,30 @@ class TranslationDataModule(lightning.LightningDataModule):
                 self.batches[split] = [order[i : i + size] for i in range(0, len(order), size)]
             self.datasets[split] = TokenizedPairs(pairs, src_ids, tgt_ids)
 
-    def set_train_targets(self, texts: list[str] | None) -> None:
-        """Train on ``texts`` instead of the references (one per training pair, in order: sequence-level
-        distillation's translations of the sources), tokenised as references are, cut to ``max_length``, and batched
-        to the token budget anew; ``None`` puts the references back. Validation and test keep theirs."""
+    def set_train_targets(self, texts: list[str] | None, keep_references: bool = False) -> None:
+        """Train on ``texts`` instead of the references (sequence-level distillation's translations of the sources,
+        in order: one per training pair, or per pair of the first ``len(texts)``), tokenised as references are, cut to
+        ``max_length``, and batched to the token budget anew; with ``keep_references`` every reference trains too,
+        the translations as pairs of their own after them. ``None`` puts the references back. Validation and test
+        keep theirs."""
         if self._references is not None:
             self.datasets["train"], self.batches["train"] = self._references
             self._references = None
         if texts is None:
             return
         dataset = self.datasets["train"]
-        if len(texts) != len(dataset):
-            raise ValueError(f"{len(texts)} training targets for {len(dataset)} training pairs; allowed: one per pair")
+        if not 0 < len(texts) <= len(dataset):
+            raise ValueError(f"{len(texts)} training targets for {len(dataset)} training pairs; allowed: one per pair "
+                             "(or per pair of the first N)")
         tgt_ids = self.tokenizer(text_target=list(texts), truncation=True, max_length=self.max_length)["input_ids"]
         pairs = [(src, text) for (src, _), text in zip(dataset.pairs, texts)]
+        src_ids = dataset.src_ids[: len(texts)]
+        if keep_references:
+            pairs, src_ids, tgt_ids = (list(dataset.pairs) + pairs, list(dataset.src_ids) + src_ids,
+                                       list(dataset.tgt_ids) + tgt_ids)
         self._references = (dataset, self.batches["train"])
-        self.datasets["train"] = TokenizedPairs(pairs, dataset.src_ids, tgt_ids)
-        lengths = [max(len(s), len(t)) for s, t in zip(dataset.src_ids, tgt_ids)]
+        self.datasets["train"] = TokenizedPairs(pairs, src_ids, tgt_ids)
+        lengths = [max(len(s), len(t)) for s, t in zip(src_ids, tgt_ids)]
         self.batches["train"] = token_budget_batches(lengths, self.max_tokens)
 
     def loader(self, split: str, batch_size: int | None = None, shard: bool = True) -> DataLoader:

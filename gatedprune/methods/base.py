@@ -90,7 +90,7 @@ class Method:
             print(f"note: export.enabled=false: nothing is exported, so nothing is fine-tuned (finetune.steps="
                   f"{tuning.steps} does not apply)")
             tuning = dataclasses.replace(tuning, steps=0)
-        self.keeps_dense = bool(tuning.steps) and tuning.targets != "labels"
+        self.keeps_dense = bool(tuning.steps) and (tuning.targets != "labels" or tuning.distill_alpha is not None)
         return tuning
 
     def check_export(self, export) -> None:

@@ -27,6 +27,9 @@ def fit_and_ship(method, session: Session) -> dict:
     # weights_only: Lightning unpickles only tensors and plain data, so a checkpoint cannot run code on resume
     trainer.fit(module, datamodule=datamodule, ckpt_path=session.checkpoint, weights_only=True)
     seconds = {"method": time.perf_counter() - start}  # training (of this process: a resumed run counts its own part)
+    # the case for pruning is compute: the dense and gated steps this process trained, validations included
+    trained = trainer.global_step - getattr(module, "first_step", 0)
+    seconds.update(steps_timed=trained, s_per_step=round(seconds["method"] / max(trained, 1), 4))
     final = trainer.validate(module, datamodule=datamodule, verbose=False)[0]  # the gated model
     if not trainer.is_global_zero:
         return {}

@@ -8,6 +8,7 @@ Returns what ``reports.metrics.run_metrics`` reports; nothing here decides what 
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -199,18 +200,22 @@ def _finetune(session: Session, pruned, export: dict, out_dir: Path, score_on, s
     trainer = instantiate(session.cfg.trainer, max_steps=tuning.steps, devices=1, strategy="auto", num_nodes=1,
                           logger=False, callbacks=[validation, saver], enable_checkpointing=False, limit_val_batches=0,
                           num_sanity_val_steps=0, plugins=with_atomic_checkpoints(session.cfg.trainer))
-    teacher = module.teacher if tuning.distill else None
+    distill = module.pruning.distill
+    if tuning.distill_alpha is not None:  # this phase's own weight (the gated phase's other settings)
+        distill = dataclasses.replace(distill, alpha=tuning.distill_alpha)
+    teacher = (module.teacher if tuning.distill else dense_model(module)) if tuning.distils else None
     dense = dense_model(module) if tuning.targets != "labels" else None  # sequence-level targets are its translations
     identity = {"dir": str(out_dir.resolve().relative_to(run_dir.resolve()) if inside else out_dir.resolve()),
                 "plan": export["plan"], "steps": tuning.steps, "lr": tuning.lr, "warmup_steps": tuning.warmup_steps,
-                "decay": tuning.decay, "distill": tuning.distill, "targets": tuning.targets, "init": tuning.init,
+                "decay": tuning.decay, "distill": tuning.distill, "distill_alpha": tuning.distill_alpha,
+                "targets": tuning.targets, "targets_max": tuning.targets_max, "init": tuning.init,
                 "val_check_interval": tuning.val_check_interval, "patience": tuning.patience,
                 "save_at": tuning.save_at, "seed": session.cfg.seed}
     resume = resume_point(checkpoint, identity)
     if resume:
         print(f"resuming fine-tuning from {resume}")
     timing: dict = {}
-    tuned = finetune(pruned, datamodule, tuning, trainer, module.optim.label_smoothing, teacher, module.pruning.distill,
+    tuned = finetune(pruned, datamodule, tuning, trainer, module.optim.label_smoothing, teacher, distill,
                      max_bad_steps=module.optim.max_bad_steps, seed=session.cfg.seed, identity=identity, resume=resume,
                      dense=dense, timing=timing)
     # the case for pruning is compute: what the phase took (the teacher's forward passes and targets included)
@@ -228,7 +233,8 @@ def _finetune(session: Session, pruned, export: dict, out_dir: Path, score_on, s
     reloaded = load_pruned(out_dir).to(session.device)
     result = {"dir": str(out_dir), "steps": tuning.steps, "steps_trained": trainer.global_step,
               "shipped_step": shipped_step, "lr": tuning.lr, "warmup_steps": tuning.warmup_steps,
-              "decay": tuning.decay, "init": tuning.init, "distill": tuning.distill, "targets": tuning.targets,
+              "decay": tuning.decay, "init": tuning.init, "distill": tuning.distill,
+              "distill_alpha": tuning.distill_alpha, "targets": tuning.targets, "targets_max": tuning.targets_max,
               "wall_s": round(wall, 2), "steps_timed": trained, "s_per_step": round(per_step, 4),
               **(validation.record() if tuning.val_check_interval else {}),
               **({"snapshots": {step: str(snapshot_dir(out_dir, step)) for step in tuning.save_at

@@ -47,7 +47,9 @@ class FineTuneConfig:
     save_at: list[int] = field(default_factory=list)  # steps whose weights are also saved (<out_dir>_step<N>)
     init: str = "export"  # export: the pruned weights; scratch: the same shapes re-initialised (the fair reference)
     distill: bool = False  # keep distilling from the dense model (needs pruning.distill.alpha or .hidden > 0)
-    targets: str = "labels"  # labels: the references; dense_greedy: the dense model's greedy translations
+    distill_alpha: float | None = None  # this phase's own output-distillation weight (None: finetune.distill's)
+    targets: str = "labels"  # labels, or the dense model's translations: dense_greedy, dense_beam, both_greedy, ...
+    targets_max: int | None = None  # translate only the first N training sources (None: all)
     out_dir: str = "pruned_finetuned"
     cache_dir: str = "cache"  # where dense_greedy's translations are cached (seqkd-<key>.jsonl)
 
@@ -80,6 +82,17 @@ class FineTuneConfig:
         self.save_at = sorted(set(self.save_at))
         if self.targets not in TARGETS:
             raise ValueError(f"finetune.targets={self.targets!r}; allowed: {', '.join(TARGETS)}")
+        if self.targets_max is not None and not (self.targets_max >= 1 and self.targets != "labels"):
+            raise ValueError(f"finetune.targets_max={self.targets_max} with finetune.targets={self.targets}; allowed: "
+                             "a number of sentences >= 1 with the dense model's translations as targets, or null")
+        if self.distill_alpha is not None and not 0 < self.distill_alpha <= 1:
+            raise ValueError(f"finetune.distill_alpha={self.distill_alpha}; allowed: 0 < alpha <= 1 (the weight of the "
+                             "output distillation term in this phase), or null")
+
+    @property
+    def distils(self) -> bool:
+        """Whether this phase distils from the dense model (``distill``, or a weight of its own)."""
+        return self.distill or self.distill_alpha is not None
 
 
 DECAYS = ("constant", "linear", "cosine", "inverse_sqrt")
@@ -264,12 +277,14 @@ def finetune(model: nn.Module, datamodule, config: FineTuneConfig, trainer: L.Tr
     datamodule.load_state_dict({})  # from the first batch of an epoch, whatever the gated run had reached
     module = PrunedFineTuning(model.train(), config, label_smoothing, teacher, distill, max_bad_steps=max_bad_steps,
                               seed=seed, identity=identity)
-    if config.targets == "dense_greedy":
+    kind = TARGETS[config.targets]
+    if kind is not None:
         dense = dense if dense is not None else teacher
         if dense is None:
-            raise ValueError("finetune.targets=dense_greedy needs the dense model; none was given to the fine-tune")
+            raise ValueError(f"finetune.targets={config.targets} needs the dense model; none was given to the fine-tune")
         device = next(model.parameters()).device
-        datamodule.set_train_targets(sequence_targets(dense, datamodule, config.cache_dir, device))
+        texts = sequence_targets(dense, datamodule, config.cache_dir, device, kind.num_beams, config.targets_max)
+        datamodule.set_train_targets(texts, keep_references=kind.references)
     try:
         # weights_only: Lightning unpickles only tensors and plain data, so a checkpoint cannot run code on resume
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)

@@ -161,6 +161,7 @@ class GatedSeq2Seq(L.LightningModule):
         torch.manual_seed(self.seed * 1_000_003 + self.global_step + self.global_rank * 2**40)
 
     def on_train_start(self) -> None:
+        self.first_step = self.global_step  # what this process trains: a resumed run times its own part
         if self.pruning.start_step == 0 and self.global_step == 0 and self.trainer.is_global_zero:
             self.dense_test = self.score_test("the model the run starts from")
         own = self.output_dir / "checkpoints" / "last.ckpt"  # a fork from another run's checkpoint trains on
