@@ -186,7 +186,7 @@ def table(results: Path) -> str:
     for path in sorted(results.glob("*.json")):
         r = json.loads(path.read_text())
         at = [f"{r['test_bleu_at'].get(str(b), '-'):.2f}" if str(b) in r["test_bleu_at"] else "-" for b in BUDGETS]
-        best = max(r["curve"], key=lambda p: (p["bleu"], -p["loss"]))
+        best = max(r["curve"], key=lambda p: (p["bleu"], -(p["loss"] if p["loss"] is not None else float("inf"))))
         rows.append((r["group"], r["start"] if r["init"] == "export" else "scratch", r["target"], r["seed"],
                      f"{r['lr']:g}", *at, f"{best['bleu']:.2f} @ {best['step']}",
                      f"{r['teacher_test_bleu']:.2f}", f"{r['finetune_s_per_step']:.3f}"))

@@ -82,6 +82,18 @@ def test_patience_stops_after_that_many_validations_without_a_gain():
     assert float(model.weight[0, 0].detach()) == 20.0  # the weights of step 20 are back
 
 
+def test_a_patience_stop_holds_after_a_resume_from_the_step_it_stopped_at():
+    from gatedprune.shipping.finetune_validation import FineTuneValidation
+
+    validation, trainer, _ = _validate([(2.0, 1.0), (1.0, 1.0)], patience=1)
+    assert validation.stopped_at == 20
+    resumed = FineTuneValidation(lambda m: {}, 10, 1)
+    resumed.load_state_dict(validation.state_dict())  # what a checkpoint of step 20 holds
+    again = SimpleNamespace(should_stop=False)
+    resumed.on_train_start(again, None)
+    assert again.should_stop and resumed.best["step"] == 10
+
+
 def test_an_equal_bleu_at_a_lower_loss_is_a_gain_and_the_last_step_is_validated():
     validation, trainer, _ = _validate([(1.0, 5.0), (1.0, 4.0), (1.0, 4.0), (0.5, 1.0)], patience=None, every=30,
                                        steps=95)

@@ -69,6 +69,7 @@ def test_an_export_is_fine_tuned_from_its_teacher_without_the_gates(made, tmp_pa
 @pytest.mark.parametrize("which, extra, says", [
     ("teacher", ["finetune.steps=4"], "not a pruned export (no config.json with a gatedprune plan)"),
     ("pruned", ["finetune.steps=0"], "pruning=recover with finetune.steps=0: nothing to do"),
+    ("pruned", ["finetune.steps=4", "export.enabled=false"], "pruning=recover with export.enabled=false"),
 ])
 def test_bad_recoveries_are_refused_in_one_line_and_leave_nothing(made, tmp_path, which, extra, says):
     pruned, teacher = made

@@ -89,7 +89,7 @@ class Method:
         if tuning.steps and not export.enabled:  # fine-tuning is on by default; an unexported run has no model
             print(f"note: export.enabled=false: nothing is exported, so nothing is fine-tuned (finetune.steps="
                   f"{tuning.steps} does not apply)")
-            tuning = dataclasses.replace(tuning, steps=0)
+            tuning = dataclasses.replace(tuning, steps=0, save_at=[])
         self.keeps_dense = bool(tuning.steps) and (tuning.targets != "labels" or tuning.distill_alpha is not None)
         return tuning
 

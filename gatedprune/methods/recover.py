@@ -44,6 +44,9 @@ class Recover(Method):
                              "gatedprune-finetune")
         if not tuning.steps:
             raise ValueError("pruning=recover with finetune.steps=0: nothing to do; allowed: finetune.steps >= 1")
+        if not export.enabled:
+            raise ValueError("pruning=recover with export.enabled=false: the fine-tuned export is what it writes; "
+                             "allowed: export.enabled=true")
         if export.deploy_formats():
             raise ValueError(f"export.formats={list(export.formats)} with pruning=recover; allowed: [hf] (convert "
                              "the result with gatedprune-export)")
@@ -71,7 +74,7 @@ class Recover(Method):
         teacher = module.model.eval()
         pruned = load_pruned(self.pruned).to(session.device)
         _check_vocabulary(pruned, module.tokenizer, self.pruned)
-        has_test = "test" in datamodule.datasets
+        has_test = module.test_generation is not None and "test" in datamodule.datasets
         dense = {"validation": module.score_split(teacher, "validation", datamodule),
                  "test": module.score_split(teacher, "test", datamodule) if has_test else None}
         print(f"the teacher: validation BLEU {dense['validation']['bleu']:.2f}"

@@ -191,7 +191,8 @@ def _finetune(session: Session, pruned, export: dict, out_dir: Path, score_on, s
     saver = FineTuneCheckpoint(checkpoint, every=tuning.checkpoint_every)
 
     def snapshot(model, step: int) -> None:
-        save_pruned(model, snapshot_dir(out_dir, step), module.tokenizer, overwrite=inside)
+        # this fine-tune's own (<out_dir>_step<N>): a resumed fine-tune writes it again
+        save_pruned(model, snapshot_dir(out_dir, step), module.tokenizer, overwrite=True)
 
     # before the saver, so a checkpoint of step N holds step N's validation
     validation = FineTuneValidation(lambda model: score_on(model, "validation"), tuning.val_check_interval,

@@ -43,7 +43,7 @@ class FineTuneConfig:
     decay: str = "constant"  # after the warm-up: constant, linear (to 0 at the last step), cosine (likewise), inverse_sqrt
     checkpoint_every: int = 100  # steps between checkpoints (at most 250): a relaunch after a kill resumes there
     val_check_interval: int | None = None  # steps between validations; the best is shipped (None: the last step's)
-    patience: int | None = None  # stop after this many validations in a row without a BLEU gain (None: never)
+    patience: int | None = None  # stop after this many validations in a row without a gain (None: never)
     save_at: list[int] = field(default_factory=list)  # steps whose weights are also saved (<out_dir>_step<N>)
     init: str = "export"  # export: the pruned weights; scratch: the same shapes re-initialised (the fair reference)
     distill: bool = False  # keep distilling from the dense model (needs pruning.distill.alpha or .hidden > 0)
@@ -69,7 +69,8 @@ class FineTuneConfig:
                                                         and self.val_check_interval >= 1):
             raise ValueError(f"finetune.val_check_interval={self.val_check_interval}; allowed: a number of steps >= 1, "
                              "or null (no validation during fine-tuning)")
-        if self.patience is not None and (self.val_check_interval is None or not self.patience >= 1):
+        if self.patience is not None and (self.val_check_interval is None or not isinstance(self.patience, int)
+                                          or not self.patience >= 1):
             raise ValueError(f"finetune.patience={self.patience} with finetune.val_check_interval="
                              f"{_shown(self.val_check_interval)}; allowed: patience >= 1 with a validation interval "
                              "(patience counts validations), or null")
@@ -82,7 +83,8 @@ class FineTuneConfig:
         self.save_at = sorted(set(self.save_at))
         if self.targets not in TARGETS:
             raise ValueError(f"finetune.targets={self.targets!r}; allowed: {', '.join(TARGETS)}")
-        if self.targets_max is not None and not (self.targets_max >= 1 and self.targets != "labels"):
+        if self.targets_max is not None and not (isinstance(self.targets_max, int) and self.targets_max >= 1
+                                                 and self.targets != "labels"):
             raise ValueError(f"finetune.targets_max={self.targets_max} with finetune.targets={self.targets}; allowed: "
                              "a number of sentences >= 1 with the dense model's translations as targets, or null")
         if self.distill_alpha is not None and not 0 < self.distill_alpha <= 1:
@@ -97,11 +99,11 @@ class FineTuneConfig:
 
 DECAYS = ("constant", "linear", "cosine", "inverse_sqrt")
 INITS = ("export", "scratch")  # scratch: gatedprune.shipping.reinit, the pruned shapes trained from nothing
+MAX_CHECKPOINT_EVERY = 250  # a long fine-tune must survive the end of a session: at most this many steps are lost
 
 
 def _shown(value) -> str:
     return "null" if value is None else str(value)
-MAX_CHECKPOINT_EVERY = 250  # a long fine-tune must survive the end of a session: at most this many steps are lost
 
 
 def lr_factor(step: int, steps: int, warmup_steps: int, decay: str) -> float:

@@ -43,6 +43,10 @@ class FineTuneValidation(L.Callback):
         self.without_gain = 0  # validations in a row since the best
         self.stopped_at: int | None = None  # the step patience stopped at
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.stopped_at is not None:  # resumed from a checkpoint written where patience had stopped it
+            trainer.should_stop = True
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         step, last = trainer.global_step, pl_module.config.steps
         if self.every and (step % self.every == 0 or step >= last) and not self._scored(step):

@@ -64,8 +64,9 @@ def dense_model(module) -> nn.Module:
         from gatedprune.shipping.export import dense_copy
 
         return dense_copy(module.model)
-    raise ValueError("finetune.targets=dense_greedy: the gated model trained past its dense weights and no copy of "
-                     "them was kept; allowed: a run set up by train.py (it keeps one), or finetune.targets=labels")
+    raise ValueError("finetune.targets (the dense model's translations) or finetune.distill_alpha: the gated model "
+                     "trained past its dense weights and no copy of them was kept; allowed: a run set up by train.py "
+                     "(it keeps one), or finetune.targets=labels without finetune.distill_alpha")
 
 
 def weights_digest(model: nn.Module) -> str:
