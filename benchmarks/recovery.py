@@ -36,10 +36,16 @@ from gatedprune.utils import markdown_table  # noqa: E402
 
 EVERY = "[encoder,decoder,cross,encoder_ffn,decoder_ffn,encoder_layer,decoder_layer]"
 RESULTS = ROOT / "docs" / "benchmarks" / "recovery"
+# one latency fit of the teacher for every cell (gatedprune-latency teacher <this file>): a fit measured at each
+# run's set-up moved the floor of what can be removed between 0.45 and 0.57 of the dense latency on this machine
+TABLE = RESULTS / "teacher_latency.json"
 BUDGETS = (250, 500, 1000, 2000, 4000)
 WARMUP = 100
-PEAKS = (3e-4, 1e-3, 2e-3)  # the probe of the default peak: 1,000 steps from the gates at 0.5
+PEAKS = (3e-4, 1e-3, 2e-3)  # the probe of the default peak: 1,000 steps from the gates at the low target
 PEAK = 1e-3  # the grid's peak until the probe has chosen
+# the targets were 0.67 and 0.5; on this machine's fit of the teacher (TABLE) removing every gated structure
+# leaves 0.51 of the dense latency, so 0.5 is out of reach and the nearer target is 0.55 (predicted 1.8x)
+LOW, HIGH = 0.55, 0.67
 
 
 @dataclass(frozen=True)
@@ -56,14 +62,15 @@ class Export:
 
     def args(self, runs: Path) -> list[str]:
         common = ["model=teacher", "finetune.steps=0", "export.formats=[hf]", "report.speed=false",
-                  f"seed={self.seed}", f"hydra.run.dir={runs / self.name}"]
+                  f"pruning.workload.table={TABLE}", f"seed={self.seed}", f"hydra.run.dir={runs / self.name}"]
         if self.start == "gates":
             return ["pruning=speed", f"pruning.target_latency={self.target}", *common]
         if self.start == "random":
             return ["pruning=random", f"pruning.kinds={EVERY}", f"pruning.latency=[{self.target}]", *common]
         if self.start == "even_layers":  # the depth the gates kept at this target and seed
             kept = _plan(Export("gates", self.target, self.seed).model_dir(runs))["kept_layers"]["decoder"]
-            return ["pruning=even_layers", f"pruning.decoder_layers={len(kept)}", *common]
+            return ["pruning=even_layers", f"pruning.decoder_layers={len(kept)}",
+                    *(c for c in common if not c.startswith("pruning.workload"))]
         raise ValueError(f"unknown start {self.start!r}")
 
     def model_dir(self, runs: Path) -> Path:
@@ -104,14 +111,13 @@ class Recovery:
 
 
 def _grid() -> list[Recovery]:
-    lr = [Recovery("lr", Export("gates", 0.5), 1000, lr=peak) for peak in PEAKS]
-    curves = [Recovery("curve", Export(start, target), 4000 if start in ("gates",) and target == 0.5 else 2000,
+    lr = [Recovery("lr", Export("gates", LOW), 1000, lr=peak) for peak in PEAKS]
+    # 4,000 steps for the gates and scratch at the low target, 2,000 for the rest
+    curves = [Recovery("curve", Export(start, target), 4000 if start == "gates" and target == LOW else 2000,
                        init=init)
-              for target in (0.5, 0.67) for start, init in
+              for target in (LOW, HIGH) for start, init in
               (("gates", "export"), ("gates", "scratch"), ("random", "export"), ("even_layers", "export"))]
-    curves = [c if not (c.init == "scratch" and c.export.target == 0.5) else
-              Recovery(c.group, c.export, 4000, init="scratch") for c in curves]
-    seeds = [Recovery("seeds", Export(start, 0.5, seed), 1000, init=init) for seed in (1, 2)
+    seeds = [Recovery("seeds", Export(start, LOW, seed), 1000, init=init) for seed in (1, 2)
              for start, init in (("gates", "export"), ("gates", "scratch"), ("random", "export"),
                                  ("even_layers", "export"))]
     return lr + curves + seeds
@@ -164,7 +170,7 @@ def run_recovery(cell: Recovery, runs: Path, results: Path) -> dict:
         "cell": cell.name, "group": cell.group, "start": cell.export.start, "init": cell.init,
         "target": cell.export.target, "seed": cell.export.seed, "steps": cell.steps, "lr": cell.lr,
         "warmup_steps": WARMUP, "decay": "inverse_sqrt",
-        "export_command": " ".join(["python train.py", *cell.export.args(Path("RUNS"))]),
+        "export_command": " ".join(["python train.py", *cell.export.args(Path("RUNS"))]).replace(str(ROOT) + "/", ""),
         "command": " ".join(["gatedprune-finetune", *cell.args(Path("RUNS"))]),
         "kept_layers": {stack: len(k) for stack, k in plan["kept_layers"].items()},
         "params": metrics["params"], "params_teacher": metrics["params_before"],

@@ -288,6 +288,7 @@ def latency_command(argv: Sequence[str] | None = None) -> int:
 def finetune_command(argv: Sequence[str] | None = None) -> int:
     """``gatedprune-finetune PRUNED_DIR --teacher DIR [overrides]``: recover an existing export (``pruning=recover``)."""
     import argparse
+    from pathlib import Path
 
     parser = argparse.ArgumentParser(
         prog="gatedprune-finetune",
@@ -299,13 +300,18 @@ def finetune_command(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="the trainer's options, e.g. finetune.steps=2000 "
                         "finetune.targets=dense_greedy data=files data.files.train=train.tsv")
     parser.add_argument("--teacher", required=True,
-                        help="the dense model it was pruned from: a model directory, a hub id, or 'kept' (the "
-                             "repository's teacher/)")
+                        help="the dense model it was pruned from: a model directory, a hub id, a dense run of "
+                             "train.py (or its .ckpt), or 'kept' (the repository's teacher/)")
     parser.add_argument("--out", default=None, help="the run directory (default outputs/<date>/<time>)")
     args = parser.parse_intermixed_args(argv)
-    model = ["model=teacher"] if args.teacher == "kept" else ["model=pretrained",
-                                                               f"model.name_or_path={args.teacher}"]
-    hydra_args = ["pruning=recover", f"pruning.pruned={args.pruned_dir}", *model, "dense_steps=0", *args.overrides]
+    teacher = Path(args.teacher)
+    if args.teacher == "kept":  # the repository's teacher/
+        model = ["model=teacher"]
+    elif teacher.suffix == ".ckpt" or (teacher / "checkpoints").is_dir():  # a dense run of train.py, or its checkpoint
+        model = [f"resume={args.teacher}"]  # its model options (e.g. experiment=...) go with the overrides
+    else:
+        model = ["model=pretrained", f"model.name_or_path={args.teacher}", "dense_steps=0"]
+    hydra_args = ["pruning=recover", f"pruning.pruned={args.pruned_dir}", *model, *args.overrides]
     if args.out:
         hydra_args.append(f"hydra.run.dir={args.out}")
     sys.argv = ["gatedprune-finetune", *hydra_args]

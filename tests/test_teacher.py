@@ -19,6 +19,38 @@ def _files(directory: Path) -> dict[str, float]:
     return {p.name: p.stat().st_mtime for p in directory.iterdir()}
 
 
+def test_the_kept_teacher_is_what_its_record_says_and_scores_it():
+    from gatedprune.reports.evaluate import evaluate_dir
+    from gatedprune.teacher import RECORD, SCORED_PAIRS, TEACHER_DIR, WEIGHTS, record, sha256
+    from gatedprune.surgery.model_loading import load_seq2seq
+
+    made = record()
+    assert (TEACHER_DIR / RECORD).is_file() and made["sha256"][WEIGHTS] == sha256(TEACHER_DIR / WEIGHTS)
+    # at most 32 MB with its tokenizer, in git
+    assert sum(p.stat().st_size for p in TEACHER_DIR.iterdir()) <= 32_000_000
+    model = load_seq2seq(TEACHER_DIR)
+    assert sum(p.numel() for p in model.parameters()) == made["parameters"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        scored = evaluate_dir(TEACHER_DIR, "test", [f"data.max_test_pairs={SCORED_PAIRS}"])
+    finally:
+        torch.set_num_threads(threads)
+    assert scored["sentences"] == SCORED_PAIRS
+    assert abs(scored["bleu"] - made[f"test_bleu_first_{SCORED_PAIRS}_one_thread"]) <= 0.1, scored["bleu"]
+
+
+def test_model_teacher_starts_from_the_kept_teacher_without_a_dense_phase():
+    from gatedprune.teacher import TEACHER_DIR
+    from gatedprune.training import schedule
+
+    cfg = compose_train("/tmp/unused", "model=teacher", hydra_config=True)
+    assert cfg.model.name_or_path == str(TEACHER_DIR) and cfg.data.tokenizer_path == str(TEACHER_DIR)
+    assert cfg.dense_steps == 0 and cfg.pruning.start_step == 0
+    settled = schedule.settle(cfg, Path("/tmp/unused"))
+    assert settled["start_step"] == 0 and settled["gated_steps"] == 100 and cfg.trainer.max_steps == 100
+
+
 @pytest.fixture(scope="module")
 def small_teacher(tmp_path_factory) -> Path:
     """A teacher made by scripts/make_teacher.py from a smoke run's dense phase."""
