@@ -84,3 +84,17 @@ def test_bad_recoveries_are_refused_in_one_line_and_leave_nothing(made, tmp_path
 def test_the_teacher_is_required(made, tmp_path):
     proc = _finetune(str(made[0]), cwd=tmp_path)
     assert proc.returncode == 2 and "--teacher" in proc.stderr
+
+
+def test_the_teacher_can_be_a_dense_run_of_train_py(made, tmp_path):
+    from helpers import train_dense
+
+    dense = train_dense(tmp_path / "dense")
+    out = tmp_path / "recovered"
+    proc = _finetune(str(made[0]), "--teacher", str(dense), "--out", str(out), "finetune.steps=2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["teacher"] == str(dense / "checkpoints" / "last.ckpt")
+    # the teacher scored is the dense run's model: its test loss, as that run scored it
+    scored = json.loads((dense / "metrics.json").read_text())["test"]["dense"]
+    assert metrics["dense"]["test"]["loss"] == pytest.approx(scored["loss"], rel=1e-6)
