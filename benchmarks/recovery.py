@@ -49,26 +49,44 @@ LOW, HIGH = 0.55, 0.67
 
 
 @dataclass(frozen=True)
+class Setting:
+    """What every cell shares: how an export starts (the teacher, or the smoke model for --quick), the teacher the
+    recovery learns from, the budgets reported, and the validation interval."""
+
+    base: tuple[str, ...] = ("model=teacher", f"pruning.workload.table={TABLE}")
+    teacher: str = "kept"
+    recover: tuple[str, ...] = ()  # the recovery's own overrides (a dense run's model options)
+    budgets: tuple[int, ...] = BUDGETS
+    val_every: int = 250
+    scale: float = 1.0  # the grid's steps times this
+    targets: tuple[float, float] = (LOW, HIGH)
+
+
+REAL = Setting()
+
+
+@dataclass(frozen=True)
 class Export:
     """A cut model: ``start`` (gates, random, even_layers) at ``target`` of the predicted latency, ``seed``."""
 
     start: str
     target: float
     seed: int = 1234
+    setting: Setting = REAL
 
     @property
     def name(self) -> str:
         return f"export_{self.start}_{self.target}_s{self.seed}"
 
     def args(self, runs: Path) -> list[str]:
-        common = ["model=teacher", "finetune.steps=0", "export.formats=[hf]", "report.speed=false",
-                  f"pruning.workload.table={TABLE}", f"seed={self.seed}", f"hydra.run.dir={runs / self.name}"]
+        common = [*self.setting.base, "finetune.steps=0", "export.formats=[hf]", "report.speed=false",
+                  f"seed={self.seed}", f"hydra.run.dir={runs / self.name}"]
         if self.start == "gates":
             return ["pruning=speed", f"pruning.target_latency={self.target}", *common]
         if self.start == "random":
             return ["pruning=random", f"pruning.kinds={EVERY}", f"pruning.latency=[{self.target}]", *common]
         if self.start == "even_layers":  # the depth the gates kept at this target and seed
-            kept = _plan(Export("gates", self.target, self.seed).model_dir(runs))["kept_layers"]["decoder"]
+            kept = _plan(Export("gates", self.target, self.seed, self.setting).model_dir(runs))["kept_layers"]["decoder"]
             return ["pruning=even_layers", f"pruning.decoder_layers={len(kept)}",
                     *(c for c in common if not c.startswith("pruning.workload"))]
         raise ValueError(f"unknown start {self.start!r}")
@@ -99,28 +117,57 @@ class Recovery:
         return f"{self.group}_{start}_{self.export.target}_s{self.export.seed}_{self.steps}_lr{self.lr:g}"
 
     @property
+    def warmup(self) -> int:
+        return max(1, round(WARMUP * self.export.setting.scale))
+
+    @property
     def budgets(self) -> list[int]:
-        return [b for b in BUDGETS if b <= self.steps]
+        return [b for b in self.export.setting.budgets if b <= self.steps]
 
     def args(self, runs: Path) -> list[str]:
-        return [str(self.export.model_dir(runs)), "--teacher", "kept", "--out", str(runs / self.name),
-                f"finetune.steps={self.steps}", f"finetune.lr={self.lr}", f"finetune.warmup_steps={WARMUP}",
-                "finetune.decay=inverse_sqrt", "finetune.val_check_interval=250",
+        setting = self.export.setting
+        return [str(self.export.model_dir(runs)), "--teacher", setting.teacher, "--out", str(runs / self.name),
+                f"finetune.steps={self.steps}", f"finetune.lr={self.lr}",
+                f"finetune.warmup_steps={self.warmup}",
+                "finetune.decay=inverse_sqrt", f"finetune.val_check_interval={setting.val_every}",
                 f"finetune.save_at=[{','.join(map(str, self.budgets))}]", f"finetune.init={self.init}",
-                "report.speed=false", f"seed={self.export.seed}"]
+                "report.speed=false", f"seed={self.export.seed}", *setting.recover]
 
 
-def _grid() -> list[Recovery]:
-    lr = [Recovery("lr", Export("gates", LOW), 1000, lr=peak) for peak in PEAKS]
+STARTS = (("gates", "export"), ("gates", "scratch"), ("random", "export"), ("even_layers", "export"))
+
+
+def _grid(setting: Setting = REAL) -> list[Recovery]:
+    def steps(n: int) -> int:
+        return max(1, round(n * setting.scale))
+
+    low, high = setting.targets
+    lr = [Recovery("lr", Export("gates", low, setting=setting), steps(1000), lr=peak) for peak in PEAKS]
     # 4,000 steps for the gates and scratch at the low target, 2,000 for the rest
-    curves = [Recovery("curve", Export(start, target), 4000 if start == "gates" and target == LOW else 2000,
-                       init=init)
-              for target in (LOW, HIGH) for start, init in
-              (("gates", "export"), ("gates", "scratch"), ("random", "export"), ("even_layers", "export"))]
-    seeds = [Recovery("seeds", Export(start, LOW, seed), 1000, init=init) for seed in (1, 2)
-             for start, init in (("gates", "export"), ("gates", "scratch"), ("random", "export"),
-                                 ("even_layers", "export"))]
+    curves = [Recovery("curve", Export(start, target, setting=setting),
+                       steps(4000 if start == "gates" and target == low else 2000), init=init)
+              for target in (low, high) for start, init in STARTS]
+    seeds = [Recovery("seeds", Export(start, low, seed, setting), steps(1000), init=init) for seed in (1, 2)
+             for start, init in STARTS]
     return lr + curves + seeds
+
+
+def _quick(work: Path) -> Setting:
+    """The smoke model in place of the teacher: a dense run of 10 steps, the exports forked from it."""
+    from gatedprune.costs.build import latency_cost
+    from gatedprune.costs.workload import Workload
+    from gatedprune.training.checkpoints import load_gated_checkpoint
+
+    dense = work / "dense"
+    if not (dense / "checkpoints" / "last.ckpt").is_file():
+        _run([_python(), str(ROOT / "train.py"), "experiment=smoke", "trainer.max_steps=10",
+              f"hydra.run.dir={dense}"], work / "dense.log")
+    # the latency fit the forks look up beside their checkpoint, made here once (the suite's fake clock in a test)
+    model, _ = load_gated_checkpoint(dense / "checkpoints" / "last.ckpt")
+    latency_cost(model, Workload(), [dense / "checkpoints"])
+    base = ("experiment=smoke", "data.max_train_pairs=60", f"resume={dense}", "gated_steps=10")
+    # the smoke model's floor is high (per-call time dominates it): targets it can reach
+    return Setting(base=base, teacher=str(dense), recover=("experiment=smoke", "data.max_train_pairs=60"), budgets=(2, 4), val_every=2, scale=0.002, targets=(0.85, 0.9))
 
 
 def _plan(model_dir: Path) -> dict:
@@ -154,6 +201,11 @@ def run_export(export: Export, runs: Path) -> Path:
     return export.model_dir(runs)
 
 
+def _shown(command: list[str], runs: Path) -> str:
+    """A command as the record keeps it: the runs' folder as RUNS, the repository's paths relative."""
+    return " ".join(command).replace(str(runs), "RUNS").replace(str(ROOT) + "/", "")
+
+
 def run_recovery(cell: Recovery, runs: Path, results: Path) -> dict:
     """Train and score ``cell``; its json in ``results``."""
     model_dir = run_export(cell.export, runs)
@@ -169,9 +221,9 @@ def run_recovery(cell: Recovery, runs: Path, results: Path) -> dict:
     record = {
         "cell": cell.name, "group": cell.group, "start": cell.export.start, "init": cell.init,
         "target": cell.export.target, "seed": cell.export.seed, "steps": cell.steps, "lr": cell.lr,
-        "warmup_steps": WARMUP, "decay": "inverse_sqrt",
-        "export_command": " ".join(["python train.py", *cell.export.args(Path("RUNS"))]).replace(str(ROOT) + "/", ""),
-        "command": " ".join(["gatedprune-finetune", *cell.args(Path("RUNS"))]),
+        "warmup_steps": cell.warmup, "decay": "inverse_sqrt",
+        "export_command": _shown(["python train.py", *cell.export.args(runs)], runs),
+        "command": _shown(["gatedprune-finetune", *cell.args(runs)], runs),
         "kept_layers": {stack: len(k) for stack, k in plan["kept_layers"].items()},
         "params": metrics["params"], "params_teacher": metrics["params_before"],
         "teacher_test_bleu": metrics["dense"]["test"]["bleu"],
@@ -187,42 +239,158 @@ def run_recovery(cell: Recovery, runs: Path, results: Path) -> dict:
     return record
 
 
+def records(results: Path) -> list[dict]:
+    """The finished cells' jsons in ``results`` (other files there, the latency table, are not cells)."""
+    found = [json.loads(path.read_text()) for path in sorted(results.glob("*.json"))]
+    return [r for r in found if "cell" in r]
+
+
+def _best(record: dict) -> dict:
+    return max(record["curve"], key=lambda p: (p["bleu"], -(p["loss"] if p["loss"] is not None else float("inf"))))
+
+
 def table(results: Path) -> str:
     rows = []
-    for path in sorted(results.glob("*.json")):
-        r = json.loads(path.read_text())
-        at = [f"{r['test_bleu_at'].get(str(b), '-'):.2f}" if str(b) in r["test_bleu_at"] else "-" for b in BUDGETS]
-        best = max(r["curve"], key=lambda p: (p["bleu"], -(p["loss"] if p["loss"] is not None else float("inf"))))
+    cells = records(results)
+    budgets = sorted({int(b) for r in cells for b in r["test_bleu_at"]})
+    for r in cells:
+        at = [f"{r['test_bleu_at'][str(b)]:.2f}" if str(b) in r["test_bleu_at"] else "-" for b in budgets]
+        best = _best(r)
+        speed = r.get("speed") or {}
         rows.append((r["group"], r["start"] if r["init"] == "export" else "scratch", r["target"], r["seed"],
-                     f"{r['lr']:g}", *at, f"{best['bleu']:.2f} @ {best['step']}",
-                     f"{r['teacher_test_bleu']:.2f}", f"{r['finetune_s_per_step']:.3f}"))
-    header = ["group", "start", "target", "seed", "peak lr", *(f"test BLEU @{b}" for b in BUDGETS),
-              "best validation BLEU @ step", "teacher test BLEU", "s / step"]
+                     f"{r['lr']:g}", *at, f"{best['bleu']:.2f} @ {best['step']}", f"{r['teacher_test_bleu']:.2f}",
+                     *(f"{speed[k]:.2f}x" if k in speed else "-" for k in SPEED_KEYS),
+                     f"{r['finetune_s_per_step']:.3f}"))
+    header = ["group", "start", "target", "seed", "peak lr", *(f"test BLEU @{b}" for b in budgets),
+              "best validation BLEU @ step", "teacher test BLEU", *SPEED_KEYS, "s / step"]
     return markdown_table(header, rows)
+
+
+SPEED_KEYS = ("generate() b1", "generate() b32", "ct2 int8 b1", "ct2 int8 b32")
+
+
+def _kept_teacher():
+    from transformers import AutoTokenizer
+
+    from gatedprune.surgery.model_loading import load_seq2seq
+    from gatedprune.teacher import TEACHER_DIR
+
+    return lambda: load_seq2seq(TEACHER_DIR), AutoTokenizer.from_pretrained(TEACHER_DIR)
+
+
+def _run_teacher(run: Path):
+    """A dense run's model (--quick's teacher) and tokenizer."""
+    from transformers import AutoTokenizer
+
+    from gatedprune.training.checkpoints import checkpoint_model, load_checkpoint_file
+
+    path = run / "checkpoints" / "last.ckpt"
+    return lambda: checkpoint_model(load_checkpoint_file(path)), AutoTokenizer.from_pretrained(run / "tokenizer")
+
+
+def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_tokens: int = 32,
+            repeats: int = 3) -> dict:
+    """Time the final model of every finished cell whose run is here against the teacher (and a copy of it: the
+    noise floor) in one process, generate() and CTranslate2 int8, batch 1 and 32, one thread; each cell's json gets
+    its ``speed`` (over the teacher in the same runtime)."""
+    import tempfile
+
+    from runtimes import Variant, timed
+
+    from gatedprune import load_pruned
+    from gatedprune.reports.speed import random_sources
+
+    load, tokenizer = teacher or _kept_teacher()
+    cells = [r for r in records(results) if (runs / r["cell"] / "pruned_finetuned").is_dir()]
+    with tempfile.TemporaryDirectory(prefix="recovery-") as work:
+        teacher = load()
+        variants = [Variant("teacher", teacher, tokenizer, Path(work), onnx=False),
+                    Variant("teacher copy", load(), tokenizer, Path(work), onnx=False)]
+        variants += [Variant(r["cell"], load_pruned(runs / r["cell"] / "pruned_finetuned"), tokenizer, Path(work),
+                             onnx=False) for r in cells]
+        sources = random_sources(teacher, sentences, 32).tolist()
+        times = {batch: timed(variants, ["transformers", "ct2 int8"], [[s] for s in sources] if batch == 1
+                              else [sources], 1, new_tokens, repeats) for batch in (1, 32)}
+
+    def speed(name: str) -> dict:
+        return {f"{label} b{batch}": times[batch][("teacher", runtime)].cpu / times[batch][(name, runtime)].cpu
+                for batch in (1, 32) for runtime, label in (("transformers", "generate()"), ("ct2 int8", "ct2 int8"))}
+
+    for r in cells:
+        r["speed"] = speed(r["cell"])
+        (results / f"{r['cell']}.json").write_text(json.dumps(r, indent=1) + "\n")
+    floor = {"noise_floor": speed("teacher copy"), "machine": machine(), "sentences": sentences,
+             "new_tokens": new_tokens, "repeats": repeats, "cells": [r["cell"] for r in cells]}
+    (results / "speed.json").write_text(json.dumps(floor, indent=1) + "\n")
+    return floor
+
+
+def plot(results: Path, path: Path) -> Path:
+    """Test BLEU against fine-tuning steps: one line per starting point, one panel per target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = [r for r in records(results) if r["group"] == "curve"] or records(results)
+    targets = sorted({r["target"] for r in cells})
+    fig, axes = plt.subplots(1, max(len(targets), 1), figsize=(6 * max(len(targets), 1), 4.5), squeeze=False)
+    for ax, target in zip(axes[0], targets):
+        for r in (r for r in cells if r["target"] == target):
+            steps = sorted(int(b) for b in r["test_bleu_at"])
+            label = (r["start"] if r["init"] == "export" else "scratch (the gates' shape)") + f", lr {r['lr']:g}"
+            ax.plot(steps, [r["test_bleu_at"][str(b)] for b in steps], marker="o", label=label)
+        teacher = cells[0]["teacher_test_bleu"]
+        ax.axhline(teacher, color="k", lw=0.8)
+        ax.axhline(teacher - 0.5, color="k", lw=0.8, ls="--")
+        ax.set_xscale("log")
+        ax.set_title(f"target {target} of the teacher's predicted latency")
+        ax.set_xlabel("fine-tuning steps after the cut")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("test BLEU (solid: the teacher; dashed: 0.5 below)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("stage", choices=["run", "table"])
+    parser.add_argument("stage", choices=["run", "measure", "table", "quick"],
+                        help="quick: the whole path on the smoke model, a few steps (the suite's check)")
     parser.add_argument("--runs", type=Path, default=Path("runs/recovery"))
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--only", default=None, help="a group: lr, curve or seeds")
     parser.add_argument("--cell", default=None, help="one cell by name (several processes at once, one each)")
     parser.add_argument("--exports-only", action="store_true", help="stage 1 alone: the cut models")
     args = parser.parse_args(argv)
-    if args.stage == "run":
-        for cell in _grid():
+    runs = args.runs.resolve()
+    setting = REAL
+    if args.stage == "quick":
+        setting = _quick(runs)
+    if args.stage in ("run", "quick"):
+        for cell in _grid(setting):
             if (args.only and cell.group != args.only) or (args.cell and cell.name != args.cell):
                 continue
+            if args.stage == "quick" and (cell.group != "curve" or cell.export.target != setting.targets[0]
+                                          or cell.export.start != "gates"):
+                continue  # the suite's check: the gates' export recovered, and its shape from scratch
             if args.exports_only:
-                run_export(cell.export, args.runs.resolve())
+                run_export(cell.export, runs)
                 continue
             if (args.results / f"{cell.name}.json").is_file():
                 print(f"{cell.name}: done (in {args.results})")
                 continue
-            run_recovery(cell, args.runs.resolve(), args.results)
+            run_recovery(cell, runs, args.results)
+    if args.stage in ("measure", "quick"):
+        quick = {"teacher": _run_teacher(runs / "dense"), "sentences": 2, "new_tokens": 4, "repeats": 1}
+        measure(args.results, runs, **(quick if args.stage == "quick" else {}))
     text = table(args.results)
-    (args.results.parent / "recovery.md").write_text("# Recovery cells (benchmarks/recovery.py)\n\n" + text)
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "README.md").write_text("# Recovery cells (benchmarks/recovery.py)\n\n" + text)
+    if records(args.results):
+        plot(args.results, args.results / "recovery.png")
     print(text)
     return 0
 

@@ -510,3 +510,29 @@ def test_the_readme_quotes_the_speed_quality_measurement_it_links():
         "gates: every kind, 100 gated + 300 fine-tuning steps", 0.5, "")]]
     random = points[("random, same predicted latency", 0.5, "latency_0.5")]
     assert f"({bleu(gated[0])} and {bleu(gated[1])} for two gated protocols against {bleu(random)})" in bullet
+
+
+def test_recovery_quick_recovers_the_gates_export_and_its_shape_from_scratch(tmp_path, monkeypatch):
+    bench = _load("recovery")
+    monkeypatch.setitem(TIMERS, "torch", fake_timer)  # the quick setting's latency fit, made in this process
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    assert bench.main(["quick", "--runs", str(runs), "--results", str(results)]) == 0
+    records = {r["init"]: r for r in bench.records(results)}
+    assert set(records) == {"export", "scratch"}
+    pruned, scratch = records["export"], records["scratch"]
+    # the same cut model, recovered from its weights and from new ones, for the same steps and schedule
+    assert pruned["kept_layers"] == scratch["kept_layers"] and pruned["params"] == scratch["params"]
+    assert pruned["steps"] == scratch["steps"] and "finetune.init=scratch" in scratch["command"]
+    for record in (pruned, scratch):
+        assert sorted(record["test_bleu_at"]) == ["2", "4"]
+        run = runs / record["cell"]
+        for step, bleu in record["test_bleu_at"].items():  # each budget scored on the weights of that step
+            assert bleu == json.loads((run / f"pruned_finetuned_step{step}" / "eval.json").read_text())["bleu"]
+        best = max(record["curve"], key=lambda p: (p["bleu"], -p["loss"]))
+        assert record["shipped_step"] == best["step"]
+        assert set(record["speed"]) == set(bench.SPEED_KEYS) and all(v > 0 for v in record["speed"].values())
+    floor = json.loads((results / "speed.json").read_text())
+    assert set(floor["noise_floor"]) == set(bench.SPEED_KEYS) and sorted(floor["cells"]) == sorted(
+        r["cell"] for r in records.values())
+    assert (results / "recovery.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| curve | scratch |" in (results / "README.md").read_text()
