@@ -212,5 +212,5 @@ def test_python_m_gatedprune_with_an_unknown_command_is_one_error_line(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "gatedprune", "frobnicate"], capture_output=True, text=True,
                           env=offline_env(), cwd=tmp_path, timeout=120)
     assert proc.returncode == 2
-    assert error_line(proc).startswith("error: unknown command frobnicate; usage: python -m gatedprune {train,export,")
+    assert error_line(proc).startswith("error: unknown command frobnicate; usage: python -m gatedprune {train,finetune,export,")
     assert proc.stderr.count("\n") == 1
