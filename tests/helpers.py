@@ -53,6 +53,14 @@ FAKE_TIMER = ("import sys", f"sys.path.insert(0, {str(ROOT / 'tests')!r})", "imp
               "import gatedprune.costs.timers as timers", "timers.TIMERS['torch'] = helpers.fake_timer")
 
 
+def refused_at_setup(run_dir: Path, *overrides: str) -> str:
+    """The one error line of a smoke run refused at set-up (exit 2), which left no run directory behind."""
+    proc = run_train(run_dir, *overrides)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert not run_dir.exists()  # refused before anything was trained or written
+    return error_line(proc)
+
+
 def error_line(proc: subprocess.CompletedProcess) -> str:
     """The one line a refused or failed command prints on stderr, ``error: ...``."""
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
