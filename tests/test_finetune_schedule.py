@@ -66,3 +66,7 @@ def test_a_fine_tune_reports_its_time_and_schedule(tmp_path):
     assert tuned["warmup_steps"] == 2 and tuned["decay"] == "linear" and tuned["steps_timed"] == 6
     assert tuned["wall_s"] > 0 and tuned["s_per_step"] == pytest.approx(tuned["wall_s"] / 6, rel=0.01)
     assert "fine-tuning pruned_finetuned: 6 steps at lr 0.0001 (2 warm-up, linear)" in proc.stdout
+    # one bar over the phase's steps (not Lightning's per-epoch one), ending at the last step
+    bars = [line for line in proc.stderr.replace("\r", "\n").splitlines() if line.startswith("fine-tuning:")]
+    assert bars and "6/6" in bars[-1] and "100%" in bars[-1], bars[-3:]
+    assert "Epoch" not in proc.stderr[proc.stderr.index("fine-tuning:"):]

@@ -18,7 +18,7 @@ from gatedprune.errors import RunFailed, one_line
 from gatedprune.reports.speed import measure_speed, speed_options
 from gatedprune.shipping.export import dense_copy, export_gated
 from gatedprune.shipping.export_dir import save_pruned
-from gatedprune.shipping.finetune import FineTuneCheckpoint, check_finite, finetune, resume_point
+from gatedprune.shipping.finetune import FineTuneCheckpoint, StepProgress, check_finite, finetune, resume_point
 from gatedprune.shipping.finetune_validation import FineTuneValidation, snapshot_dir
 from gatedprune.shipping.reinit import reinitialise
 from gatedprune.surgery.model_loading import load_pruned
@@ -199,8 +199,8 @@ def _finetune(session: Session, pruned, export: dict, out_dir: Path, score_on, s
                                     tuning.patience, loggers=session.trainer.loggers,
                                     offset=session.trainer.global_step, save_at=tuning.save_at, save=snapshot)
     trainer = instantiate(session.cfg.trainer, max_steps=tuning.steps, devices=1, strategy="auto", num_nodes=1,
-                          logger=False, callbacks=[validation, saver], enable_checkpointing=False, limit_val_batches=0,
-                          num_sanity_val_steps=0, plugins=with_atomic_checkpoints(session.cfg.trainer))
+                          logger=False, callbacks=[validation, saver, StepProgress()], enable_checkpointing=False,
+                          enable_progress_bar=False, limit_val_batches=0, num_sanity_val_steps=0, plugins=with_atomic_checkpoints(session.cfg.trainer))
     distill = module.pruning.distill
     if tuning.distill_alpha is not None:  # this phase's own weight (the gated phase's other settings)
         distill = dataclasses.replace(distill, alpha=tuning.distill_alpha)

@@ -24,6 +24,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
+from tqdm.auto import tqdm
 
 from gatedprune.training.guards import BadSteps, zero_non_finite_gradients
 from gatedprune.training.distill import DistillOptions, distilled_loss
@@ -240,6 +241,37 @@ class FineTuneCheckpoint(L.Callback):
             self.message = (f"SIGTERM during fine-tuning: saved {self.path} at {where}; the same command resumes "
                             "fine-tuning there")
         print(self.message)
+
+
+class StepProgress(L.Callback):
+    """One progress bar over the fine-tune's optimiser steps (a resumed one from where it resumed), with the last
+    cross-entropy: Lightning's bar counts each epoch's batches, and a phase of thousands of steps spans many epochs."""
+
+    def __init__(self, refresh: int = 10):
+        self.refresh, self.bar = refresh, None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.bar = tqdm(total=trainer.max_steps, initial=trainer.global_step, desc="fine-tuning", unit="step",
+                        dynamic_ncols=True)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if self.bar is not None and (step % self.refresh == 0 or step == trainer.max_steps):
+            ce = trainer.callback_metrics.get("finetune/ce")
+            if ce is not None:
+                self.bar.set_postfix(ce=f"{float(ce):.3f}", refresh=False)
+            self.bar.update(step - self.bar.n)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._close()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 def resume_point(path: Path, identity: dict) -> Path | None:
