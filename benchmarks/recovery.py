@@ -46,6 +46,10 @@ PEAK = 2e-3  # chosen by the probe: the best validation BLEU at 1,000 steps (doc
 # the issue's targets were 0.67 and 0.5; on this machine's fit of the teacher (TABLE) removing every gated structure
 # leaves 0.51 of the dense latency, so 0.5 is out of reach and the nearer target is 0.55 (predicted 1.8x)
 LOW, HIGH = 0.55, 0.67
+# the teacher given the same steps (the fair reference): its own training continued, on the references, at the rate
+# its schedule had where it stopped: 1e-3 * sqrt(400 / 8,250) (conf/optim/adamw.yaml's inverse square root; the
+# teacher's 8,250 steps in teacher/teacher.json), held constant (the schedule falls 6% over 1,000 more steps)
+TEACHER_LR = 2.2e-4
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,8 @@ REAL = Setting()
 
 @dataclass(frozen=True)
 class Export:
-    """A cut model: ``start`` (gates, random, even_layers) at ``target`` of the predicted latency, ``seed``."""
+    """A cut model: ``start`` (gates, random, even_layers) at ``target`` of the predicted latency, ``seed``; or the
+    teacher itself (``start`` teacher, target 1.0: every decoder layer kept, nothing removed) for its own steps."""
 
     start: str
     target: float
@@ -88,6 +93,9 @@ class Export:
         if self.start == "even_layers":  # the depth the gates kept at this target and seed
             kept = _plan(Export("gates", self.target, self.seed, self.setting).model_dir(runs))["kept_layers"]["decoder"]
             return ["pruning=even_layers", f"pruning.decoder_layers={len(kept)}",
+                    *(c for c in common if not c.startswith("pruning.workload"))]
+        if self.start == "teacher":  # an export that removes nothing: the teacher through the same recovery
+            return ["pruning=even_layers", f"pruning.decoder_layers={_teacher_layers(self.setting)}",
                     *(c for c in common if not c.startswith("pruning.workload"))]
         raise ValueError(f"unknown start {self.start!r}")
 
@@ -110,6 +118,8 @@ class Recovery:
     steps: int
     lr: float = PEAK
     init: str = "export"
+    decay: str = "inverse_sqrt"
+    warmup_steps: int = WARMUP  # times the setting's scale
 
     @property
     def name(self) -> str:
@@ -118,7 +128,8 @@ class Recovery:
 
     @property
     def warmup(self) -> int:
-        return max(1, round(WARMUP * self.export.setting.scale))
+        # scaled with the grid; a warm-up that there is stays at least one step
+        return max(1, round(self.warmup_steps * self.export.setting.scale)) if self.warmup_steps else 0
 
     @property
     def budgets(self) -> list[int]:
@@ -129,7 +140,7 @@ class Recovery:
         return [str(self.export.model_dir(runs)), "--teacher", setting.teacher, "--out", str(runs / self.name),
                 f"finetune.steps={self.steps}", f"finetune.lr={self.lr}",
                 f"finetune.warmup_steps={self.warmup}",
-                "finetune.decay=inverse_sqrt", f"finetune.val_check_interval={setting.val_every}",
+                f"finetune.decay={self.decay}", f"finetune.val_check_interval={setting.val_every}",
                 f"finetune.save_at=[{','.join(map(str, self.budgets))}]", f"finetune.init={self.init}",
                 "report.speed=false", f"seed={self.export.seed}", *setting.recover]
 
@@ -149,7 +160,19 @@ def _grid(setting: Setting = REAL) -> list[Recovery]:
               for target in (low, high) for start, init in STARTS]
     seeds = [Recovery("seeds", Export(start, low, seed, setting), steps(1000), init=init) for seed in (1, 2)
              for start, init in STARTS]
-    return lr + curves + seeds
+    # the teacher given the same steps, beside every curve's budgets up to 2,000
+    reference = [Recovery("reference", Export("teacher", 1.0, setting=setting), steps(2000), lr=TEACHER_LR,
+                          decay="constant", warmup_steps=0)]
+    return lr + curves + seeds + reference
+
+
+def _teacher_layers(setting: Setting) -> int:
+    """The kept teacher's decoder depth (every layer kept: the teacher's own export)."""
+    from gatedprune.teacher import TEACHER_DIR
+
+    if setting is not REAL:  # --quick recovers the gates' export only
+        raise ValueError("the teacher's own steps are a cell of the real grid (the kept teacher) only")
+    return json.loads((Path(TEACHER_DIR) / "config.json").read_text())["decoder_layers"]
 
 
 def _quick(work: Path) -> Setting:
@@ -221,7 +244,7 @@ def run_recovery(cell: Recovery, runs: Path, results: Path) -> dict:
     record = {
         "cell": cell.name, "group": cell.group, "start": cell.export.start, "init": cell.init,
         "target": cell.export.target, "seed": cell.export.seed, "steps": cell.steps, "lr": cell.lr,
-        "warmup_steps": cell.warmup, "decay": "inverse_sqrt",
+        "warmup_steps": cell.warmup, "decay": cell.decay,
         "export_command": _shown(["python train.py", *cell.export.args(runs)], runs),
         "command": _shown(["gatedprune-finetune", *cell.args(runs)], runs),
         "kept_layers": {stack: len(k) for stack, k in plan["kept_layers"].items()},
