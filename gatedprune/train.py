@@ -21,6 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from gatedprune.errors import BAD_INPUT, in_sweep, one_line
 from gatedprune.methods.base import Method
+from gatedprune.reports.reference import load_reference
 from gatedprune.reports.speed import speed_options
 from gatedprune.shipping.export import ExportConfig
 from gatedprune import teacher  # noqa: F401  (the ${gp.teacher:} resolver of model=teacher)
@@ -129,6 +130,8 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple[Session, Method]:
     method.check_schedule(cfg.trainer.get("max_steps"))
     export = _export_config(cfg.export)
     report = speed_options(cfg.get("report"))  # report.*: what the end of the run measures (its speed-up)
+    # the starting model trained on as long: the final table's fair reference (read now: a bad file fails here)
+    reference = load_reference(cfg.reference) if cfg.get("reference") else None
     tuning = method.check_outputs(export, _instantiate(cfg.finetune), run_dir)
     checkpoint = checkpoints.resume_checkpoint(cfg.resume, run_dir)
     if method.needs_trained_model and checkpoint is None and cfg.model.get("name_or_path") is None:
@@ -176,7 +179,7 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple[Session, Method]:
     trainer: L.Trainer = instantiate(cfg.trainer, logger=loggers, callbacks=callbacks,
                                      plugins=with_atomic_checkpoints(cfg.trainer))
     method.check_trainer(trainer)
-    return Session(cfg, run_dir, trainer, module, datamodule, checkpoint, tuning, export), method
+    return Session(cfg, run_dir, trainer, module, datamodule, checkpoint, tuning, export, reference), method
 
 
 if __name__ == "__main__":  # python -m gatedprune.train [overrides]

@@ -12,6 +12,7 @@ import time
 
 from gatedprune.errors import RunFailed
 from gatedprune.reports.metrics import final_table, run_metrics
+from gatedprune.reports.reference import reference_at
 from gatedprune.shipping.finalise import UNTUNED, deploy_errors, finalise, tuning_error
 from gatedprune.training.session import Session
 from gatedprune.utils import atomic_write_text, write_json
@@ -50,6 +51,9 @@ def fit_and_ship(method, session: Session) -> dict:
         shipped["finetuned"] = None
     metrics = run_metrics(module, trainer, final, **report, **shipped)
     metrics["seconds"] = {**seconds, "run": time.perf_counter() - start}
+    if session.reference is not None:  # the starting model trained on for this run's steps: gated, then fine-tuned
+        tuned = (shipped["finetuned"] or {}).get("steps_trained", 0)
+        metrics["reference"] = reference_at(session.reference, int(cfg.gated_steps) + tuned)
     table = final_table(metrics)  # of the models there are: no fine-tuned one if it failed
     if failed:
         metrics.update(model=UNTUNED, finetune=failed)

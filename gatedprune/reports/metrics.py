@@ -201,6 +201,11 @@ def final_table(metrics: dict) -> str:
     if metrics["method"] == "gated" and metrics["dense"]:
         columns[f"dense (step {metrics['dense']['step']})"] = {**metrics["dense"], "test": test.get("dense"),
                                                                "heads_alive": None, "params": metrics["params_before"]}
+    reference = metrics.get("reference")
+    if reference and reference["test_bleu"] is not None:  # reference=<json>: the same steps, nothing pruned
+        columns[f"dense + {reference['steps']} steps"] = {
+            "bleu": None, "chrf": None, "test": {"bleu": reference["test_bleu"], "chrf": None}, "heads_alive": None,
+            "params": metrics["params_before"]}
     final_test = test.get("pruned") or test.get("gated") if metrics["method"] == "gated" else test.get("dense")
     gated = metrics["gated"]
     name = f"{metrics['method']} (step {metrics['steps']})"
@@ -213,7 +218,7 @@ def final_table(metrics: dict) -> str:
 
     def cell(column: dict, key: str, split: str) -> str:
         source = column if split == "validation" else column["test"]
-        return "-" if source is None else f"{source[key]:.2f}"
+        return "-" if source is None or source[key] is None else f"{source[key]:.2f}"
 
     rows = [(f"{split} {label}", *(cell(c, key, split) for c in columns.values()))
             for split in ("validation", "test") for key, label in (("bleu", "BLEU"), ("chrf", "chrF"))]
@@ -242,6 +247,8 @@ def final_table(metrics: dict) -> str:
         else:
             notes.append(f"head budget ({group}): target {state['target']}, expected open heads at the end "
                          f"{state['expected_open']:.1f}; the export keeps exactly the target (top-k)")
+    if reference:
+        notes.append(reference_note(reference))
     if "note" in test:
         notes.append(test["note"])
     else:
@@ -257,6 +264,15 @@ def final_table(metrics: dict) -> str:
         if metrics.get("speed"):
             notes.append(speed_note(metrics["speed"]))
     return table + "\n" + "\n".join(notes)
+
+
+def reference_note(reference: dict) -> str:
+    """Where the fair reference's column comes from, or why there is none."""
+    if reference["test_bleu"] is None:
+        return (f"reference: {reference['path']} has no test BLEU at this run's {reference['steps']} steps (it has "
+                f"{', '.join(map(str, reference['measured_at']))}): no column for it")
+    return (f"dense + {reference['steps']} steps: the starting model trained on as long, nothing pruned "
+            f"({reference['path']})")
 
 
 def speed_rows(metrics: dict, columns: list[str]) -> list[tuple]:

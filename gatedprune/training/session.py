@@ -22,6 +22,7 @@ class Session:
     checkpoint: Path | None  # the checkpoint resumed or forked from
     tuning: object  # gatedprune.shipping.finetune.FineTuneConfig, as it applies to this run
     export: object  # gatedprune.shipping.export.ExportConfig
+    reference: dict | None = None  # reference=<json>, read at set-up (gatedprune.reports.reference)
 
     @property
     def device(self) -> torch.device:

@@ -1,0 +1,56 @@
+"""reference=<json>: the final table's fair reference, the starting model trained on for the run's own steps."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import refused_at_setup, run_train
+
+
+def test_the_final_table_shows_the_reference_at_the_run_s_steps(tmp_path):
+    # experiment=smoke: 10 dense steps, then 20 gated; 6 of fine-tuning: 26 steps after the model it starts from
+    reference = tmp_path / "reference.json"
+    reference.write_text(json.dumps({"test_bleu_at": {"20": 1.5, "26": 12.345}, "command": "the reference's"}))
+    run_dir = tmp_path / "run"
+    proc = run_train(run_dir, f"reference={reference}", "finetune.steps=6")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["reference"] == {"path": str(reference), "steps": 26, "test_bleu": 12.345, "measured_at": [20, 26],
+                                    "command": "the reference's"}
+    header = next(line for line in proc.stdout.splitlines() if "dense (step 10)" in line)
+    assert "dense + 26 steps" in header
+    column = header.index("dense + 26 steps")
+    test_row = next(line for line in proc.stdout.splitlines() if line.startswith("test BLEU"))
+    assert test_row[column:].split()[0] == "12.35"  # its test BLEU, in its column
+    valid_row = next(line for line in proc.stdout.splitlines() if line.startswith("validation BLEU"))
+    assert valid_row[column:].split()[0] == "-"  # only test BLEU was measured
+    assert f"dense + 26 steps: the starting model trained on as long, nothing pruned ({reference})" in proc.stdout
+
+
+def test_a_reference_without_the_run_s_steps_says_so_and_adds_no_column(tmp_path):
+    reference = tmp_path / "reference.json"
+    reference.write_text(json.dumps({"test_bleu_at": {"250": 20.0, "1100": 23.9}}))
+    run_dir = tmp_path / "run"
+    proc = run_train(run_dir, f"reference={reference}")  # 20 gated steps, no fine-tuning
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((run_dir / "metrics.json").read_text())["reference"]["test_bleu"] is None
+    assert "dense + " not in proc.stdout
+    assert f"reference: {reference} has no test BLEU at this run's 20 steps (it has 250, 1100)" in proc.stdout
+
+
+@pytest.mark.parametrize("content, says", [
+    (None, "no such file"),
+    ("{not json", "not json"),
+    (json.dumps({"test_bleu_at": {}}), "no test_bleu_at"),
+    (json.dumps({"test_bleu_at": {"x": 1.0}}), "no test_bleu_at"),
+    (json.dumps({"test_bleu_at": {"100": "high"}}), "no test_bleu_at"),
+    (json.dumps([1, 2]), "no test_bleu_at"),
+])
+def test_a_bad_reference_is_refused_at_set_up(tmp_path, content, says):
+    path = tmp_path / "reference.json"
+    if content is not None:
+        path.write_text(content)
+    line = refused_at_setup(tmp_path / "run", f"reference={path}")
+    assert f"reference={path}: {says}" in line
