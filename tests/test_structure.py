@@ -43,12 +43,11 @@ SURGERY_NAMES = ["check_plan", "count_parameters", "load_pruned", "masked_heads"
 
 
 def _skipped(node: ast.AST) -> bool:
-    """An ``if __name__ == "__main__":`` block (an entry point) or ``if TYPE_CHECKING:`` (never runs)."""
+    """An ``if __name__ == "__main__":`` block: an entry point. (An ``if TYPE_CHECKING:`` import is an edge: a cycle
+    hidden from the interpreter is still two modules that need each other.)"""
     if not isinstance(node, ast.If):
         return False
     test = node.test
-    if isinstance(test, ast.Name) and test.id == "TYPE_CHECKING":
-        return True
     return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
             and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in test.comparators))
 
@@ -117,8 +116,10 @@ def test_the_cycle_finder_sees_function_level_and_from_package_imports(tmp_path)
     (package / "sub" / "b.py").write_text("def f():\n    from gatedprune import c\n")  # inside a function
     (package / "c.py").write_text("from . import a\nif __name__ == '__main__':\n    import gatedprune.d\n")
     (package / "d.py").write_text("import gatedprune.c\n")
+    (package / "e.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gatedprune import a\n")
     graph = import_graph(package)
     assert graph["gatedprune.c"] == {"gatedprune.a"}  # the __main__ block is an entry point, not an edge
+    assert graph["gatedprune.e"] == {"gatedprune.a"}  # a typed import is one
     assert find_cycle(graph) == ["gatedprune.a", "gatedprune.sub.b", "gatedprune.c", "gatedprune.a"]
     (package / "sub" / "b.py").write_text("import gatedprune.d\n")  # a -> b -> d -> c, and c no longer imports a
     (package / "c.py").write_text("")

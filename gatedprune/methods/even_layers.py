@@ -14,7 +14,8 @@ from typing import ClassVar
 
 import torch
 
-from gatedprune.methods.baselines import HeadProbe, Level, PlanMethod, gate_starts, plan_heads
+from gatedprune.methods.baselines import PlanMethod
+from gatedprune.methods.levels import HeadProbe, Level, gate_starts, plan_heads
 
 
 def even_layers(total: int, keep: int) -> list[int]:

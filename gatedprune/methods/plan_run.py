@@ -14,7 +14,6 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,7 +21,9 @@ from gatedprune.training.checkpoints import strip_prefix
 from gatedprune.reports.scoring import corpus_scores, generate, token_cross_entropy
 from gatedprune.errors import RunFailed
 from gatedprune.shipping.finalise import UNTUNED, headline, ship, tuning_error
+from gatedprune.methods.base import Method
 from gatedprune.methods.importance import head_importance
+from gatedprune.methods.levels import Head, Level
 from gatedprune.structures.head_gates import COST_UNITS
 from gatedprune.structures.kinds import ATTENTION_KINDS
 from gatedprune.training.module import GatedSeq2Seq
@@ -31,8 +32,6 @@ from gatedprune.reports.metrics import checkpoint_record, export_plan, exported_
 from gatedprune.versions import versions
 from gatedprune.utils import format_table, write_json
 
-if TYPE_CHECKING:  # the methods' types only: gatedprune.methods.baselines imports this module to run them
-    from gatedprune.methods.baselines import Head, Level, PlanMethod
 
 
 class MaskedModel:
@@ -118,7 +117,7 @@ def load_weights(module: GatedSeq2Seq, saved: dict | None) -> None:
         module.teacher.load_state_dict(module.model.state_dict())
 
 
-def run(session: Session, method: PlanMethod) -> dict:
+def run(session: Session, method: Method) -> dict:
     """Score the model, find the method's levels, export them; returns the run's metrics (also in metrics.json)."""
     run_start = time.perf_counter()  # the weights were loaded at set-up (load_weights)
     cfg, run_dir, module, datamodule = session.cfg, session.run_dir, session.module, session.datamodule

@@ -23,7 +23,8 @@ import torch
 
 from gatedprune.costs.build import gate_costs
 from gatedprune.costs.workload import Workload
-from gatedprune.methods.baselines import HeadProbe, Level, PlanMethod, gate_starts, head_counts, plan_heads
+from gatedprune.methods.baselines import PlanMethod
+from gatedprune.methods.levels import HeadProbe, Level, gate_starts, head_counts, plan_heads
 from gatedprune.shipping.export import dense_copy
 from gatedprune.structures.kinds import ATTENTION_KINDS
 from gatedprune.surgery.cut import prune_heads, removed_parameters
