@@ -1,5 +1,9 @@
 """gatedprune: learn which attention heads of a seq2seq Transformer can go, then remove them."""
 
+from gatedprune import moved
+
+moved.install()  # the old module paths (gatedprune.baselines, ...) from one table
+
 from gatedprune.methods.importance import head_importance
 from gatedprune.shipping.export import export_gated
 from gatedprune.shipping.export_dir import save_pruned

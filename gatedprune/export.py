@@ -1,10 +1,11 @@
-"""Moved to ``gatedprune.shipping.export``: this path stays for ``python -m gatedprune.export``."""
+"""``python -m gatedprune.export``: the ``gatedprune-export`` command. The names this module once held are looked
+up where they live now (``gatedprune.moved``)."""
 
-from gatedprune.shipping.export import *  # noqa: F401,F403
-from gatedprune.shipping.export import export_checkpoint, export_gated  # noqa: F401
+from gatedprune.moved import lookup
 
+__getattr__ = lookup("gatedprune.export")
 
-if __name__ == "__main__":  # python -m gatedprune.export (the command's own module): the command, as documented
+if __name__ == "__main__":
     import sys
 
     from gatedprune.cli import export_command

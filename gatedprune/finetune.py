@@ -1,10 +1,11 @@
-"""Moved to ``gatedprune.shipping.finetune``: this path stays for the configs runs recorded before."""
+"""``python -m gatedprune.finetune``: the ``gatedprune-finetune`` command. The names this module once held are looked
+up where they live now (``gatedprune.moved``)."""
 
-from gatedprune.shipping.finetune import *  # noqa: F401,F403
-from gatedprune.shipping.finetune import FineTuneConfig  # noqa: F401
+from gatedprune.moved import lookup
 
+__getattr__ = lookup("gatedprune.finetune")
 
-if __name__ == "__main__":  # python -m gatedprune.finetune: the gatedprune-finetune command, as the others run
+if __name__ == "__main__":
     import sys
 
     from gatedprune.cli import finetune_command

@@ -1,10 +1,11 @@
-"""Moved to ``gatedprune.reports.sweep``: this path stays for ``gatedprune.sweep.summarise`` and ``python -m gatedprune.sweep``."""
+"""``python -m gatedprune.sweep``: the ``gatedprune-sweep`` command. The names this module once held are looked
+up where they live now (``gatedprune.moved``)."""
 
-from gatedprune.reports.sweep import *  # noqa: F401,F403
-from gatedprune.reports.sweep import summarise  # noqa: F401
+from gatedprune.moved import lookup
 
+__getattr__ = lookup("gatedprune.sweep")
 
-if __name__ == "__main__":  # python -m gatedprune.sweep (the command's own module): the command, as documented
+if __name__ == "__main__":
     import sys
 
     from gatedprune.cli import sweep_command

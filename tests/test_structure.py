@@ -174,6 +174,23 @@ def test_old_paths_and_the_readme_targets_resolve():
     assert gatedprune.head_importance.__module__ == "gatedprune.methods.importance"
 
 
+def test_the_old_paths_are_one_table_and_the_top_level_holds_no_alias_module():
+    from gatedprune.moved import MOVED
+
+    assert set(ALIASES) == set(MOVED)
+    commands = set(_command_modules())
+    kept = {f"gatedprune.{path.stem}" for path in PACKAGE.glob("*.py")} & set(MOVED)
+    assert kept == {"gatedprune.analyze", "gatedprune.evaluate", "gatedprune.export", "gatedprune.finetune",
+                    "gatedprune.sweep"}  # each old path that kept a file is a command's entry point ...
+    for name in kept:
+        assert name in commands and "import *" not in (PACKAGE / f"{name.split('.')[1]}.py").read_text(), name
+    import gatedprune.baselines as old  # ... and the others are made from the table
+
+    assert not hasattr(old, "__file__") and old.Random.__module__ == "gatedprune.methods.random_draw"
+    with pytest.raises(AttributeError, match="its names moved to gatedprune.methods.baselines"):
+        old.NoSuchName
+
+
 def _command_modules() -> list[str]:
     """Every module with an ``if __name__ == "__main__":`` block (the dotted forms a user can type)."""
     found = []
