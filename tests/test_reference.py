@@ -48,9 +48,17 @@ def test_a_reference_without_the_run_s_steps_says_so_and_adds_no_column(tmp_path
     (json.dumps({"test_bleu_at": {"100": "high"}}), "no test_bleu_at"),
     (json.dumps([1, 2]), "no test_bleu_at"),
 ])
-def test_a_bad_reference_is_refused_at_set_up(tmp_path, content, says):
+def test_a_bad_reference_is_refused_in_one_line(tmp_path, content, says):
+    from gatedprune.reports.reference import load_reference
+
     path = tmp_path / "reference.json"
     if content is not None:
         path.write_text(content)
-    line = refused_at_setup(tmp_path / "run", f"reference={path}")
-    assert f"reference={path}: {says}" in line
+    with pytest.raises(ValueError) as refused:
+        load_reference(path)
+    assert str(refused.value).startswith(f"reference={path}: {says}") and "\n" not in str(refused.value)
+
+
+def test_a_run_with_a_bad_reference_is_refused_at_set_up(tmp_path):
+    path = tmp_path / "missing.json"
+    assert f"reference={path}: no such file" in refused_at_setup(tmp_path / "run", f"reference={path}")
