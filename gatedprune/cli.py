@@ -308,7 +308,11 @@ def finetune_command(argv: Sequence[str] | None = None) -> int:
     if args.teacher == "kept":  # the repository's teacher/
         model = ["model=teacher"]
     elif teacher.suffix == ".ckpt" or (teacher / "checkpoints").is_dir():  # a dense run of train.py, or its checkpoint
-        model = [f"resume={args.teacher}"]  # its model options (e.g. experiment=...) go with the overrides
+        from gatedprune.training.rundir import recorded_command
+
+        run = teacher.parents[1] if teacher.suffix == ".ckpt" else teacher
+        # the model it trained (its group and model.* options, as recorded), not today's default model
+        model = [*recorded_command(run, groups=("model",)), f"resume={args.teacher}"]
     else:
         model = ["model=pretrained", f"model.name_or_path={args.teacher}", "dense_steps=0"]
     hydra_args = ["pruning=recover", f"pruning.pruned={args.pruned_dir}", *model, *args.overrides]

@@ -34,6 +34,8 @@ def lookup(old: str):
     """A module ``__getattr__`` (PEP 562) for the old module ``old``: each name from where it lives now."""
 
     def __getattr__(name: str):
+        if name == "__all__":  # from <old> import *: every public name of the modules it moved to
+            return sorted({n for new in MOVED[old] for n in _public(importlib.import_module(new))})
         if name.startswith("__"):  # the import system's own probes (__path__, __file__, ...)
             raise AttributeError(name)
         for new in MOVED[old]:
@@ -43,6 +45,12 @@ def lookup(old: str):
         raise AttributeError(f"module {old!r} has no attribute {name!r} (its names moved to {', '.join(MOVED[old])})")
 
     return __getattr__
+
+
+def _public(module: types.ModuleType) -> list[str]:
+    names = getattr(module, "__all__", None)
+    return list(names) if names is not None else [n for n, v in vars(module).items() if not n.startswith("_")
+                                                  and not isinstance(v, types.ModuleType)]
 
 
 class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -132,6 +132,9 @@ def _setup(cfg: DictConfig, run_dir: Path) -> tuple[Session, Method]:
     report = speed_options(cfg.get("report"))  # report.*: what the end of the run measures (its speed-up)
     # the starting model trained on as long: the final table's fair reference (read now: a bad file fails here)
     reference = load_reference(cfg.reference) if cfg.get("reference") else None
+    if reference is not None and not method.shows_reference:
+        raise ValueError(f"reference={cfg.reference} with pruning={method.name}, whose table has no column for it; "
+                         "allowed: null, or a gated method (pruning=l0, l0_budget, speed)")
     tuning = method.check_outputs(export, _instantiate(cfg.finetune), run_dir)
     checkpoint = checkpoints.resume_checkpoint(cfg.resume, run_dir)
     if method.needs_trained_model and checkpoint is None and cfg.model.get("name_or_path") is None:

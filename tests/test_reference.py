@@ -46,6 +46,7 @@ def test_a_reference_without_the_run_s_steps_says_so_and_adds_no_column(tmp_path
     (json.dumps({"test_bleu_at": {}}), "no test_bleu_at"),
     (json.dumps({"test_bleu_at": {"x": 1.0}}), "no test_bleu_at"),
     (json.dumps({"test_bleu_at": {"100": "high"}}), "no test_bleu_at"),
+    (json.dumps({"test_bleu_at": {"100": True}}), "no test_bleu_at"),
     (json.dumps([1, 2]), "no test_bleu_at"),
 ])
 def test_a_bad_reference_is_refused_in_one_line(tmp_path, content, says):
@@ -62,3 +63,6 @@ def test_a_bad_reference_is_refused_in_one_line(tmp_path, content, says):
 def test_a_run_with_a_bad_reference_is_refused_at_set_up(tmp_path):
     path = tmp_path / "missing.json"
     assert f"reference={path}: no such file" in refused_at_setup(tmp_path / "run", f"reference={path}")
+    path.write_text(json.dumps({"test_bleu_at": {"20": 1.0}}))  # a good file, with a method that has no column
+    assert f"reference={path} with pruning=michel" in refused_at_setup(tmp_path / "other", f"reference={path}",
+                                                                      "pruning=michel")

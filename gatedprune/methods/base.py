@@ -38,6 +38,8 @@ class Method:
     # whether the method's plans come from its gates' rule, which ``uniform_heads`` / ``uniform_ffn`` shape
     # (``gatedprune.structures.uniform``); the others refuse the options
     shapes_plans: ClassVar[bool] = False
+    # whether its final table shows reference=<json> (the starting model trained on as long); the others refuse it
+    shows_reference: ClassVar[bool] = False
     kinds: tuple[str, ...] = ATTENTION_KINDS
     ffn_group: int = 1  # feed-forward units gated (and removed) together, so widths stay multiples of it
     distill: DistillOptions = field(default_factory=DistillOptions)

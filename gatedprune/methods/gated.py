@@ -47,6 +47,7 @@ class GatedPruning(Method):
     name: ClassVar[str] = "gated"
     loads_checkpoint_itself: ClassVar[bool] = True  # trainer.fit reads a resumed checkpoint (weights, optimiser)
     shapes_plans: ClassVar[bool] = True  # uniform_heads / uniform_ffn: the plan HeadGates.plan keeps
+    shows_reference: ClassVar[bool] = True  # one shipped model, one final table (methods.gated_run)
     start_step: int = 0  # dense phase: gates open and no penalty before this optimiser step
     gate_lr: float = 0.1
     eval_gate_mode: str = "binary"  # validation computes the function that export would keep

@@ -53,7 +53,8 @@ def fit_and_ship(method, session: Session) -> dict:
     metrics["seconds"] = {**seconds, "run": time.perf_counter() - start}
     if session.reference is not None:  # the starting model trained on for this run's steps: gated, then fine-tuned
         tuned = (shipped["finetuned"] or {}).get("steps_trained", 0)
-        metrics["reference"] = reference_at(session.reference, int(cfg.gated_steps) + tuned)
+        gated = trainer.global_step - int(cfg.pruning.start_step)  # as trained: stop_when_stable may end it early
+        metrics["reference"] = reference_at(session.reference, gated + tuned)
     table = final_table(metrics)  # of the models there are: no fine-tuned one if it failed
     if failed:
         metrics.update(model=UNTUNED, finetune=failed)

@@ -46,6 +46,7 @@ def train_config(model_dir: str | Path, overrides: Sequence[str] = ()):
     from omegaconf import OmegaConf
 
     from gatedprune.errors import one_line
+    from gatedprune.training.rundir import recorded_command
 
     run = run_of(model_dir)
     if run is not None and not overrides:
@@ -53,8 +54,7 @@ def train_config(model_dir: str | Path, overrides: Sequence[str] = ()):
         # recorded as ${hydra:runtime.output_dir}, which only resolves inside a running Hydra app
         OmegaConf.update(cfg, "paths.output_dir", str(run), force_add=True)
     else:
-        recorded = run / RUN_RECORD / "overrides.yaml" if run is not None else None
-        before = [str(o) for o in OmegaConf.load(recorded)] if recorded is not None and recorded.is_file() else []
+        before = recorded_command(run) if run is not None else []  # its group choices, then its own command line
         try:
             with initialize_config_module("gatedprune.conf", version_base="1.3"):
                 cfg = compose("train", overrides=[*before, *overrides, "paths.output_dir=."])

@@ -27,7 +27,8 @@ def load_reference(path: str | Path) -> dict:
         raise ValueError(f"reference={path}: not json ({err}); allowed: a json with test_bleu_at") from None
     at = record.get("test_bleu_at") if isinstance(record, dict) else None
     if not isinstance(at, dict) or not at or not all(
-            str(k).isdigit() and isinstance(v, (int, float)) and math.isfinite(v) for k, v in at.items()):
+            str(k).isdigit() and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for k, v in at.items()):
         raise ValueError(f"reference={path}: no test_bleu_at of step counts to BLEU; allowed: a json with "
                          "test_bleu_at, e.g. {\"1100\": 23.9}")
     return {"path": str(path), "test_bleu_at": {int(k): float(v) for k, v in at.items()},

@@ -200,7 +200,8 @@ def _finetune(session: Session, pruned, export: dict, out_dir: Path, score_on, s
                                     offset=session.trainer.global_step, save_at=tuning.save_at, save=snapshot)
     trainer = instantiate(session.cfg.trainer, max_steps=tuning.steps, devices=1, strategy="auto", num_nodes=1,
                           logger=False, callbacks=[validation, saver, StepProgress()], enable_checkpointing=False,
-                          enable_progress_bar=False, limit_val_batches=0, num_sanity_val_steps=0, plugins=with_atomic_checkpoints(session.cfg.trainer))
+                          enable_progress_bar=False, limit_val_batches=0, num_sanity_val_steps=0,
+                          plugins=with_atomic_checkpoints(session.cfg.trainer))
     distill = module.pruning.distill
     if tuning.distill_alpha is not None:  # this phase's own weight (the gated phase's other settings)
         distill = dataclasses.replace(distill, alpha=tuning.distill_alpha)

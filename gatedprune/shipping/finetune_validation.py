@@ -21,6 +21,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from tqdm.auto import tqdm
 
 VALIDATION_METRICS = ("bleu", "chrf", "loss")
 
@@ -69,7 +70,7 @@ class FineTuneValidation(L.Callback):
             self.best_state = {name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items()}
         else:
             self.without_gain += 1
-        print(f"fine-tuning step {step}: validation BLEU {point['bleu']:.2f} (best {self.best['bleu']:.2f} at step "
+        tqdm.write(f"fine-tuning step {step}: validation BLEU {point['bleu']:.2f} (best {self.best['bleu']:.2f} at step "
               f"{self.best['step']})")
         for logger in self.loggers:
             logger.log_metrics({f"finetune/val_{key}": point[key] for key in VALIDATION_METRICS},
@@ -78,7 +79,7 @@ class FineTuneValidation(L.Callback):
         if self.patience and self.without_gain >= self.patience and step < trainer.max_steps:
             self.stopped_at = step
             trainer.should_stop = True
-            print(f"fine-tuning stopped at step {step}: {self.patience} validations without a gain "
+            tqdm.write(f"fine-tuning stopped at step {step}: {self.patience} validations without a gain "
                   f"(finetune.patience={self.patience}); the weights of step {self.best['step']} are shipped")
 
     def restore_best(self, model: torch.nn.Module) -> dict | None:

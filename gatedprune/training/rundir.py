@@ -116,6 +116,29 @@ def write_hydra_record(run_dir: Path, cfg: DictConfig) -> None:
     OmegaConf.save(hydra_cfg.overrides.task, record / "overrides.yaml")
 
 
+def recorded_command(run_dir: Path, groups: tuple[str, ...] | None = None) -> list[str]:
+    """The command line that composes ``run_dir``'s config again: its config group choices (``hydra.yaml``: the
+    defaults it ran under, which may have changed since, such as the default model) and then its own overrides
+    (``overrides.yaml``). ``groups``: only those groups' choices and overrides (``("model",)``: the model it
+    trained)."""
+    record = run_dir / ".hydra"
+    overrides = [str(o) for o in OmegaConf.load(record / "overrides.yaml")] if (record / "overrides.yaml").is_file() \
+        else []
+    typed = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
+    choices = []
+    if (record / "hydra.yaml").is_file():
+        recorded = OmegaConf.load(record / "hydra.yaml").hydra.runtime.choices
+        choices = [f"{group}={choice}" for group, choice in recorded.items()
+                   if choice is not None and not group.startswith("hydra") and group not in typed]
+    if groups is not None:
+        def wanted(override: str) -> bool:
+            key = override.lstrip("+~").split("=", 1)[0]
+            return any(key == g or key.startswith(f"{g}.") for g in groups)
+
+        choices, overrides = [c for c in choices if wanted(c)], [o for o in overrides if wanted(o)]
+    return [*choices, *overrides]
+
+
 def write_status(run_dir: Path, **status) -> None:
     """``status.json``: running, done, interrupted or failed (with the error); strict JSON, written atomically.
 
