@@ -87,3 +87,24 @@ def test_every_target_an_old_run_recorded_still_resolves():
     assert "gatedprune.lightning_module.GatedSeq2Seq" in found and len(found) >= 10
     for target in found:
         assert callable(get_object(target)), target
+
+
+def test_a_recorded_run_composes_again_with_its_own_group_choices(tmp_path):
+    """The defaults change (the default model is now the kept teacher): a run is rebuilt from the groups it ran
+    with (hydra.yaml), then its own command line, so its model and data are the ones it trained."""
+    from omegaconf import OmegaConf
+
+    from gatedprune.training.rundir import recorded_command
+
+    record = tmp_path / ".hydra"
+    record.mkdir()
+    OmegaConf.save({"hydra": {"runtime": {"choices": {"model": "scratch_mbart", "pruning": "l0", "experiment": None,
+                                                      "hydra/launcher": "basic", "quality": "plain"}}}},
+                   record / "hydra.yaml")
+    OmegaConf.save(["model.from_scratch.decoder_layers=1", "+quality=plain", "seed=2"], record / "overrides.yaml")
+    # a choice typed on the command line (+quality) is not given twice; hydra's own groups and unset ones are left out
+    assert recorded_command(tmp_path) == ["model=scratch_mbart", "pruning=l0", "model.from_scratch.decoder_layers=1",
+                                          "+quality=plain", "seed=2"]
+    assert recorded_command(tmp_path, groups=("model",)) == ["model=scratch_mbart", "model.from_scratch.decoder_layers=1"]
+    cfg = compose_train(tmp_path, *recorded_command(tmp_path, groups=("model",)))
+    assert cfg.model.from_scratch.decoder_layers == 1  # composes with today's configs
