@@ -50,6 +50,7 @@ LOW, HIGH = 0.55, 0.67
 # its schedule had where it stopped: 1e-3 * sqrt(400 / 8,250) (conf/optim/adamw.yaml's inverse square root; the
 # teacher's 8,250 steps in teacher/teacher.json), held constant (the schedule falls 6% over 1,000 more steps)
 TEACHER_LR = 2.2e-4
+DEFAULT_RUN_STEPS = 1100  # make train's 100 gated + 1,000 fine-tuning steps from the teacher (conf/train.yaml)
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ class Recovery:
     init: str = "export"
     decay: str = "inverse_sqrt"
     warmup_steps: int = WARMUP  # times the setting's scale
+    extra_budgets: tuple[int, ...] = ()  # steps also saved and scored besides the setting's budgets
 
     @property
     def name(self) -> str:
@@ -133,7 +135,7 @@ class Recovery:
 
     @property
     def budgets(self) -> list[int]:
-        return [b for b in self.export.setting.budgets if b <= self.steps]
+        return sorted({b for b in (*self.export.setting.budgets, *self.extra_budgets) if b <= self.steps})
 
     def args(self, runs: Path) -> list[str]:
         setting = self.export.setting
@@ -161,8 +163,9 @@ def _grid(setting: Setting = REAL) -> list[Recovery]:
     seeds = [Recovery("seeds", Export(start, low, seed, setting), steps(1000), init=init) for seed in (1, 2)
              for start, init in STARTS]
     # the teacher given the same steps, beside every curve's budgets up to 2,000
+    # (and at the default run's steps: the fair reference of its final table)
     reference = [Recovery("reference", Export("teacher", 1.0, setting=setting), steps(2000), lr=TEACHER_LR,
-                          decay="constant", warmup_steps=0)]
+                          decay="constant", warmup_steps=0, extra_budgets=(steps(DEFAULT_RUN_STEPS),))]
     return lr + curves + seeds + reference
 
 
@@ -190,7 +193,8 @@ def _quick(work: Path) -> Setting:
     latency_cost(model, Workload(), [dense / "checkpoints"])
     base = ("experiment=smoke", "data.max_train_pairs=60", f"resume={dense}", "gated_steps=10")
     # the smoke model's floor is high (per-call time dominates it): targets it can reach
-    return Setting(base=base, teacher=str(dense), recover=("experiment=smoke", "data.max_train_pairs=60"), budgets=(2, 4), val_every=2, scale=0.002, targets=(0.85, 0.9))
+    return Setting(base=base, teacher=str(dense), recover=("experiment=smoke", "data.max_train_pairs=60"),
+                   budgets=(2, 4), val_every=2, scale=0.002, targets=(0.85, 0.9))
 
 
 def _plan(model_dir: Path) -> dict:
@@ -218,6 +222,8 @@ def _test_bleu(model_dir: Path, log: Path) -> float:
 
 
 def run_export(export: Export, runs: Path) -> Path:
+    if export.start == "even_layers":  # it keeps the depth the gates' export kept: that export first
+        run_export(Export("gates", export.target, export.seed, export.setting), runs)
     if not (runs / export.name / "status.json").is_file() or \
             json.loads((runs / export.name / "status.json").read_text())["status"] != "done":
         _run([_python(), str(ROOT / "train.py"), *export.args(runs)], runs / f"{export.name}.log")
@@ -290,6 +296,61 @@ def table(results: Path) -> str:
 
 
 SPEED_KEYS = ("generate() b1", "generate() b32", "ct2 int8 b1", "ct2 int8 b32")
+# the scratch references of docs/speed_quality.md: smaller dense models trained from scratch for 6,150 steps, at about
+# the speed of each target (its rows of docs/benchmarks/speed_quality.json, by method)
+SCRATCH_REFERENCES = {LOW: "dense from scratch, 1 decoder layer", HIGH: "dense from scratch, FFN 512, 2 decoder layers"}
+SPEED_QUALITY = ROOT / "docs" / "benchmarks" / "speed_quality.json"
+
+
+def _curve(cells: list[dict], target: float, start: str, init: str = "export") -> dict | None:
+    found = [r for r in cells if r["group"] == "curve" and r["target"] == target and r["start"] == start
+             and r["init"] == init]
+    return found[0] if found else None
+
+
+def answers(results: Path, targets=(LOW, HIGH)) -> list[str]:
+    """The first lines of docs/recovery.md, from the cells: per target, the steps the gates' cut needs to come within
+    0.5 BLEU of the teacher and to pass its scratch reference, and whether it is above the same shape from scratch at
+    every budget (and the teacher given the same steps, where it was measured)."""
+    cells = records(results)
+    rows = {r["method"]: r for r in json.loads(SPEED_QUALITY.read_text())["rows"]} if SPEED_QUALITY.is_file() else {}
+    reference = next((r for r in cells if r["group"] == "reference"), None)
+    lines = []
+    for target in targets:
+        pruned, scratch = _curve(cells, target, "gates"), _curve(cells, target, "gates", "scratch")
+        if pruned is None:
+            lines.append(f"- {target}: the gates' curve has not run yet.")
+            continue
+        at = {int(b): v for b, v in pruned["test_bleu_at"].items()}
+        teacher = pruned["teacher_test_bleu"]
+        close = [b for b in sorted(at) if at[b] >= teacher - 0.5]
+        best = max(at, key=at.get)
+        said = [f"**{target} of the teacher's predicted latency**: the gates' cut scores "
+                + ", ".join(f"{at[b]:.2f} after {b:,}" for b in sorted(at)) + f" steps (teacher {teacher:.2f})"]
+        said.append(f"within 0.5 BLEU of the teacher after {close[0]:,} steps" if close else
+                    f"not within 0.5 BLEU of the teacher in {max(at):,} steps (closest {teacher - at[best]:.2f} "
+                    f"below, after {best:,})")
+        ref = rows.get(SCRATCH_REFERENCES.get(target))
+        if ref:
+            passed = [b for b in sorted(at) if at[b] > ref["test_bleu"]]
+            said.append(f"above its scratch reference ({ref['method']}, 6,150 steps: {ref['test_bleu']:.2f}) after "
+                        f"{passed[0]:,} steps" if passed else
+                        f"never above its scratch reference ({ref['method']}, 6,150 steps: {ref['test_bleu']:.2f})")
+        if scratch is not None:
+            both = sorted(set(at) & {int(b) for b in scratch["test_bleu_at"]})
+            gaps = [at[b] - scratch["test_bleu_at"][str(b)] for b in both]
+            said.append(f"above the same shape trained from scratch at every budget ({min(gaps):+.2f} to "
+                        f"{max(gaps):+.2f} BLEU)" if all(g > 0 for g in gaps) else
+                        "below the same shape trained from scratch at "
+                        + ", ".join(f"{b:,}" for b, g in zip(both, gaps) if g <= 0) + " steps")
+        if reference is not None:
+            same = [b for b in sorted(at) if str(b) in reference["test_bleu_at"]]
+            if same:
+                said.append("against the teacher trained on for as many fine-tuning steps (the cut had its gated "
+                            "steps besides) " + ", ".join(
+                    f"{at[b] - reference['test_bleu_at'][str(b)]:+.2f} at {b:,}" for b in same))
+        lines.append("- " + "; ".join(said) + ".")
+    return lines
 
 
 def _kept_teacher():
@@ -312,10 +373,14 @@ def _run_teacher(run: Path):
 
 
 def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_tokens: int = 32,
-            repeats: int = 3) -> dict:
-    """Time the final model of every finished cell whose run is here against the teacher (and a copy of it: the
-    noise floor) in one process, generate() and CTranslate2 int8, batch 1 and 32, one thread; each cell's json gets
-    its ``speed`` (over the teacher in the same runtime)."""
+            repeats: int = 3, setting: Setting = REAL) -> dict:
+    """Time the final model of every finished cell against the teacher (and a copy of it: the noise floor) in one
+    process, generate() and CTranslate2 int8, batch 1 and 32, one thread; each cell's json gets its ``speed`` (over
+    the teacher in the same runtime).
+
+    A cell whose run is gone (another machine) is timed on its export, made again by the same command (every cell
+    shares one latency table, so the cut is the same): its fine-tuned model has the export's shapes, and exactly
+    ``new_tokens`` are generated per sentence, so the time does not depend on the weights."""
     import tempfile
 
     from runtimes import Variant, timed
@@ -324,13 +389,26 @@ def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_to
     from gatedprune.reports.speed import random_sources
 
     load, tokenizer = teacher or _kept_teacher()
-    cells = [r for r in records(results) if (runs / r["cell"] / "pruned_finetuned").is_dir()]
+    grid = {cell.name: cell for cell in _grid(setting)}
+    cells, timed_on = [], {}
+    for r in records(results):
+        final = runs / r["cell"] / "pruned_finetuned"
+        if not final.is_dir() and r["cell"] in grid:
+            final = run_export(grid[r["cell"]].export, runs)
+            kept = {stack: len(k) for stack, k in _plan(final)["kept_layers"].items()}
+            params = sum(p.numel() for p in load_pruned(final).parameters())
+            if (kept, params) != (r["kept_layers"], r["params"]):  # another machine's gates may have cut otherwise
+                raise ValueError(f"{r['cell']}: its export made again keeps {kept} layers and {params:,} parameters, "
+                                 f"the cell's {r['kept_layers']} and {r['params']:,}; allowed: time it where it ran")
+        if final.is_dir():
+            cells.append(r)
+            timed_on[r["cell"]] = final
     with tempfile.TemporaryDirectory(prefix="recovery-") as work:
         teacher = load()
         variants = [Variant("teacher", teacher, tokenizer, Path(work), onnx=False),
                     Variant("teacher copy", load(), tokenizer, Path(work), onnx=False)]
-        variants += [Variant(r["cell"], load_pruned(runs / r["cell"] / "pruned_finetuned"), tokenizer, Path(work),
-                             onnx=False) for r in cells]
+        variants += [Variant(r["cell"], load_pruned(timed_on[r["cell"]]), tokenizer, Path(work), onnx=False)
+                     for r in cells]
         sources = random_sources(teacher, sentences, 32).tolist()
         times = {batch: timed(variants, ["transformers", "ct2 int8"], [[s] for s in sources] if batch == 1
                               else [sources], 1, new_tokens, repeats) for batch in (1, 32)}
@@ -341,6 +419,8 @@ def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_to
 
     for r in cells:
         r["speed"] = speed(r["cell"])
+        r["speed_timed_on"] = "the fine-tuned model" if timed_on[r["cell"]].name == "pruned_finetuned" else \
+            "its export (the same shapes)"
         (results / f"{r['cell']}.json").write_text(json.dumps(r, indent=1) + "\n")
     floor = {"noise_floor": speed("teacher copy"), "machine": machine(), "sentences": sentences,
              "new_tokens": new_tokens, "repeats": repeats, "cells": [r["cell"] for r in cells]}
@@ -384,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="quick: the whole path on the smoke model, a few steps (the suite's check)")
     parser.add_argument("--runs", type=Path, default=Path("runs/recovery"))
     parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--only", default=None, help="a group: lr, curve or seeds")
+    parser.add_argument("--only", default=None, help="a group: lr, curve, seeds or reference")
     parser.add_argument("--cell", default=None, help="one cell by name (several processes at once, one each)")
     parser.add_argument("--exports-only", action="store_true", help="stage 1 alone: the cut models")
     args = parser.parse_args(argv)
@@ -408,8 +488,8 @@ def main(argv: list[str] | None = None) -> int:
             run_recovery(cell, runs, args.results)
     if args.stage in ("measure", "quick"):
         quick = {"teacher": _run_teacher(runs / "dense"), "sentences": 2, "new_tokens": 4, "repeats": 1}
-        measure(args.results, runs, **(quick if args.stage == "quick" else {}))
-    text = table(args.results)
+        measure(args.results, runs, setting=setting, **(quick if args.stage == "quick" else {}))
+    text = "\n".join(answers(args.results, setting.targets)) + "\n\n" + table(args.results)
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "README.md").write_text("# Recovery cells (benchmarks/recovery.py)\n\n" + text)
     if records(args.results):

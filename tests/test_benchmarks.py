@@ -258,8 +258,7 @@ def test_the_default_run_prunes_as_the_speed_quality_page_best_gated_protocol(tm
     page = compose_train(tmp_path, *(o.format(t=0.67) for o in bench.SHORT_GATES), "pruning.gate_lr=0.3",
                          "pruning.lagrangian_lr=0.5")
     assert default.pruning == page.pruning and default.pruning._target_ == "gatedprune.methods.gated.L0Budget"
-    assert default.trainer.max_steps - default.dense_steps == next(
-        m.gated_steps for m in bench.GRID if m.overrides == bench.SHORT_GATES)
+    assert default.gated_steps == next(m.gated_steps for m in bench.GRID if m.overrides == bench.SHORT_GATES)
     # the heads-only L0 run of earlier rounds stays one option away, and the tests' smoke run keeps it
     assert compose_train(tmp_path, "pruning=l0").pruning._target_ == "gatedprune.methods.gated.L0"
     assert compose_train(tmp_path, "experiment=smoke").pruning._target_ == "gatedprune.methods.gated.L0"
@@ -536,3 +535,33 @@ def test_recovery_quick_recovers_the_gates_export_and_its_shape_from_scratch(tmp
         r["cell"] for r in records.values())
     assert (results / "recovery.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| curve | scratch |" in (results / "README.md").read_text()
+    # its first lines answer from the cells: above the same shape from scratch at every budget, or where not
+    answer = next(line for line in (results / "README.md").read_text().splitlines() if line.startswith("- **0.85"))
+    above = all(pruned["test_bleu_at"][b] > scratch["test_bleu_at"][b] for b in pruned["test_bleu_at"])
+    assert ("above the same shape trained from scratch at every budget" in answer) == above, answer
+    assert {r["speed_timed_on"] for r in records.values()} == {"the fine-tuned model"}
+    # a cell whose run is gone (another machine) is timed on its export, made again by its own command
+    import shutil
+
+    shutil.rmtree(runs / pruned["cell"] / "pruned_finetuned")
+    shutil.rmtree(runs / pruned["cell"].replace("curve_gates", "export_gates").rsplit("_", 2)[0])
+    bench.measure(results, runs, teacher=bench._run_teacher(runs / "dense"), sentences=2, new_tokens=4, repeats=1,
+                  setting=bench._quick(runs))
+    again = {r["init"]: r for r in bench.records(results)}
+    assert again["export"]["speed_timed_on"] == "its export (the same shapes)"
+    assert again["scratch"]["speed_timed_on"] == "the fine-tuned model"
+    assert set(again["export"]["speed"]) == set(bench.SPEED_KEYS)
+
+
+def test_the_recovery_reference_is_the_teacher_s_own_schedule_scored_at_the_default_run_s_steps(tmp_path):
+    import math
+
+    from gatedprune.teacher import record
+
+    bench = _load("recovery")
+    cell = next(c for c in bench._grid() if c.group == "reference")
+    assert bench.DEFAULT_RUN_STEPS in cell.budgets and set(bench.BUDGETS) - {4000} <= set(cell.budgets)
+    # the rate the teacher's inverse-square-root schedule had at its last step, held: its training continued
+    optim = compose_train(tmp_path, "model=scratch_mbart").optim
+    assert cell.lr == pytest.approx(optim.lr * math.sqrt(optim.warmup_steps / record()["steps"]), rel=0.01)
+    assert (cell.decay, cell.warmup, cell.init) == ("constant", 0, "export")
