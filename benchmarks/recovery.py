@@ -443,10 +443,16 @@ def plot(results: Path, path: Path) -> Path:
             steps = sorted(int(b) for b in r["test_bleu_at"])
             label = (r["start"] if r["init"] == "export" else "scratch (the gates' shape)") + f", lr {r['lr']:g}"
             ax.plot(steps, [r["test_bleu_at"][str(b)] for b in steps], marker="o", label=label)
+        for r in (r for r in records(results) if r["group"] == "reference"):  # the teacher trained on as long
+            steps = sorted(int(b) for b in r["test_bleu_at"])
+            ax.plot(steps, [r["test_bleu_at"][str(b)] for b in steps], marker="s", color="k", label="teacher, trained on")
         teacher = cells[0]["teacher_test_bleu"]
         ax.axhline(teacher, color="k", lw=0.8)
         ax.axhline(teacher - 0.5, color="k", lw=0.8, ls="--")
         ax.set_xscale("log")
+        budgets = sorted({int(b) for r in cells for b in r["test_bleu_at"]})
+        ax.set_xticks(budgets, [f"{b:,}" for b in budgets], minor=False)  # the budgets, not log decades
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.set_title(f"target {target} of the teacher's predicted latency")
         ax.set_xlabel("fine-tuning steps after the cut")
         ax.grid(alpha=0.3)
