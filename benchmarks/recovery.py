@@ -493,8 +493,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             run_recovery(cell, runs, args.results)
     if args.stage in ("measure", "quick"):
-        quick = {"teacher": _run_teacher(runs / "dense"), "sentences": 2, "new_tokens": 4, "repeats": 1}
-        measure(args.results, runs, setting=setting, **(quick if args.stage == "quick" else {}))
+        quick = {"teacher": _run_teacher(runs / "dense"), "sentences": 2, "new_tokens": 4, "repeats": 1} \
+            if args.stage == "quick" else {}  # the smoke model's dense run stands in for the teacher
+        measure(args.results, runs, setting=setting, **quick)
     text = "\n".join(answers(args.results, setting.targets)) + "\n\n" + table(args.results)
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "README.md").write_text("# Recovery cells (benchmarks/recovery.py)\n\n" + text)
