@@ -92,13 +92,14 @@ class Export:
         if self.start == "random":
             return ["pruning=random", f"pruning.kinds={EVERY}", f"pruning.latency=[{self.target}]", *common]
         if self.start == "even_layers":  # the depth the gates kept at this target and seed
-            kept = _plan(Export("gates", self.target, self.seed, self.setting).model_dir(runs))["kept_layers"]["decoder"]
-            return ["pruning=even_layers", f"pruning.decoder_layers={len(kept)}",
-                    *(c for c in common if not c.startswith("pruning.workload"))]
-        if self.start == "teacher":  # an export that removes nothing: the teacher through the same recovery
-            return ["pruning=even_layers", f"pruning.decoder_layers={_teacher_layers(self.setting)}",
-                    *(c for c in common if not c.startswith("pruning.workload"))]
-        raise ValueError(f"unknown start {self.start!r}")
+            gates = Export("gates", self.target, self.seed, self.setting).model_dir(runs)
+            layers = len(_plan(gates)["kept_layers"]["decoder"])
+        elif self.start == "teacher":  # an export that removes nothing: the teacher through the same recovery
+            layers = _teacher_layers(self.setting)
+        else:
+            raise ValueError(f"unknown start {self.start!r}")
+        return ["pruning=even_layers", f"pruning.decoder_layers={layers}",
+                *(c for c in common if not c.startswith("pruning.workload"))]
 
     def model_dir(self, runs: Path) -> Path:
         run = runs / self.name
@@ -390,25 +391,28 @@ def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_to
 
     load, tokenizer = teacher or _kept_teacher()
     grid = {cell.name: cell for cell in _grid(setting)}
-    cells, timed_on = [], {}
+    cells, timed_on, models = [], {}, {}
     for r in records(results):
         final = runs / r["cell"] / "pruned_finetuned"
-        if not final.is_dir() and r["cell"] in grid:
+        remade = not final.is_dir() and r["cell"] in grid
+        if remade:
             final = run_export(grid[r["cell"]].export, runs)
+        if not final.is_dir():
+            continue
+        model = load_pruned(final)
+        if remade:  # another machine's gates may have cut otherwise
             kept = {stack: len(k) for stack, k in _plan(final)["kept_layers"].items()}
-            params = sum(p.numel() for p in load_pruned(final).parameters())
-            if (kept, params) != (r["kept_layers"], r["params"]):  # another machine's gates may have cut otherwise
+            params = sum(p.numel() for p in model.parameters())
+            if (kept, params) != (r["kept_layers"], r["params"]):
                 raise ValueError(f"{r['cell']}: its export made again keeps {kept} layers and {params:,} parameters, "
                                  f"the cell's {r['kept_layers']} and {r['params']:,}; allowed: time it where it ran")
-        if final.is_dir():
-            cells.append(r)
-            timed_on[r["cell"]] = final
+        cells.append(r)
+        timed_on[r["cell"]], models[r["cell"]] = final, model
     with tempfile.TemporaryDirectory(prefix="recovery-") as work:
         teacher = load()
         variants = [Variant("teacher", teacher, tokenizer, Path(work), onnx=False),
                     Variant("teacher copy", load(), tokenizer, Path(work), onnx=False)]
-        variants += [Variant(r["cell"], load_pruned(timed_on[r["cell"]]), tokenizer, Path(work), onnx=False)
-                     for r in cells]
+        variants += [Variant(r["cell"], models[r["cell"]], tokenizer, Path(work), onnx=False) for r in cells]
         sources = random_sources(teacher, sentences, 32).tolist()
         times = {batch: timed(variants, ["transformers", "ct2 int8"], [[s] for s in sources] if batch == 1
                               else [sources], 1, new_tokens, repeats) for batch in (1, 32)}
