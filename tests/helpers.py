@@ -72,6 +72,8 @@ def compose_train(output_dir: Path | str, *overrides: str, hydra_config: bool = 
     """The real conf/ composed as ``python train.py <overrides>`` would, writing into ``output_dir``."""
     from hydra import compose, initialize_config_dir
 
+    import gatedprune.train  # noqa: F401  (as train.py does: the configs' resolvers, gp.sub, gp.teacher, ...)
+
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return compose("train", overrides=[f"paths.output_dir={output_dir}", *overrides],
                        return_hydra_config=hydra_config)
