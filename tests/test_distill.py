@@ -148,12 +148,26 @@ def test_fine_tuning_options_are_checked(tmp_path, capsys):
     assert "nothing is fine-tuned (finetune.steps=5 does not apply)" in capsys.readouterr().out
 
 
-def test_the_default_run_fine_tunes_its_export_and_the_measured_presets_do_not():
+def test_the_default_run_recovers_the_kept_teacher_s_export_and_the_measured_presets_keep_their_fine_tune():
     from helpers import compose_train as compose
 
-    assert compose("/tmp/unused").finetune.steps == 100  # docs/quality.md: the best protocol within the budget
+    from gatedprune.teacher import TEACHER_DIR
+
+    default = compose("/tmp/unused")
+    assert default.model.name_or_path == str(TEACHER_DIR) and default.dense_steps == 0  # no dense phase
+    # docs/recovery.md's recipe: the probe's peak after a warm-up, inverse square root, validation every 250 steps
+    tuning = default.finetune
+    assert (tuning.steps, tuning.lr, tuning.warmup_steps, tuning.decay, tuning.val_check_interval) == (
+        1000, 2e-3, 100, "inverse_sqrt", 250)
     for preset in ("experiment=smoke", "experiment=lambda_sweep", "experiment=compare", "+quality=plain"):
         assert compose("/tmp/unused", preset).finetune.steps == 0, preset
+    # the pages measured before keep their model (trained from scratch) and their fine-tune (finetune=short)
+    for preset in ("experiment=quality", "experiment=compare", "experiment=smoke"):
+        cfg = compose("/tmp/unused", preset)
+        assert cfg.model.name_or_path is None and cfg.model.from_scratch is not None, preset
+        assert (cfg.finetune.lr, cfg.finetune.warmup_steps, cfg.finetune.decay, cfg.finetune.val_check_interval) == (
+            1e-4, 0, "constant", None), preset
+    assert compose("/tmp/unused", "experiment=converge").model.from_scratch is not None
 
 
 def test_the_distilled_loss_of_a_pruned_student_against_its_parts(tmp_path):

@@ -40,6 +40,10 @@ def _fork_run(directory: Path, step: int, began: int) -> Path:
     return path
 
 
+# the model trained from scratch with a dense phase (the experiments' model; the default starts from the teacher)
+SCRATCH = "model=scratch_mbart"
+
+
 def test_a_fork_continued_any_way_keeps_its_boundary_and_schedule(tmp_path):
     """resume=auto in the fork's own directory, or resume=<the fork's run directory> from a new one: the config says
     dense_steps 750 and the default schedule, the checkpoint that gating began at 3250 with warm-up 4000."""
@@ -53,19 +57,19 @@ def test_a_fork_continued_any_way_keeps_its_boundary_and_schedule(tmp_path):
         _settled(tmp_path, "resume=auto", "dense_steps=750")
     # a plain run continued past its boundary, which agrees with its config: as configured
     _fork_run(tmp_path / "plain", step=800, began=750)
-    cfg = compose_train(tmp_path / "plain", f"resume={tmp_path / 'plain'}", hydra_config=True)
+    cfg = compose_train(tmp_path / "plain", SCRATCH, f"resume={tmp_path / 'plain'}", hydra_config=True)
     assert settle(cfg, tmp_path / "plain")["fork"] is None and cfg.optim.warmup_steps == 400
 
 
 def _settled(tmp_path: Path, *overrides: str):
     """The config as a run settles it (the overrides count as typed on the command line), and its schedule."""
-    cfg = compose_train(tmp_path / "run", *overrides, hydra_config=True)
+    cfg = compose_train(tmp_path / "run", SCRATCH, *overrides, hydra_config=True)
     return cfg, settle(cfg, tmp_path / "run")
 
 
 def _default_gated_steps(tmp_path: Path, *overrides: str) -> int:
     """The gated phase of the config without a fork: its trainer.max_steps less its dense phase."""
-    cfg = compose_train(tmp_path / "plain", *overrides)
+    cfg = compose_train(tmp_path / "plain", SCRATCH, *overrides)
     return cfg.trainer.max_steps - cfg.dense_steps
 
 
@@ -132,7 +136,7 @@ HISTORIC = {"dense_850", "dense_950", "dense_1050"}
 def test_every_preset_trains_as_long_after_the_dense_checkpoint(tmp_path, typed):
     given = dict(o.split("=") for o in typed)
     gated = int(given.get("gated_steps", _default_gated_steps(tmp_path)))
-    model = compose_train(tmp_path).model.from_scratch
+    model = compose_train(tmp_path, SCRATCH).model.from_scratch
     every_head = (model.encoder_layers * model.encoder_attention_heads
                   + 2 * model.decoder_layers * model.decoder_attention_heads)  # decoder self- and cross-attention
 

@@ -70,7 +70,7 @@ def test_a_fine_tune_never_saves_weights_that_are_not_finite(tmp_path):
     from families import tiny_model
     from gatedprune.shipping.finetune import FineTuneConfig, PrunedFineTuning
 
-    module = PrunedFineTuning(tiny_model("mbart", tmp_path), FineTuneConfig(steps=3), 0.1)
+    module = PrunedFineTuning(tiny_model("mbart", tmp_path), FineTuneConfig(steps=3, warmup_steps=0), 0.1)
     module.on_save_checkpoint({})  # finite: saved
     with torch.no_grad():
         next(module.model.parameters())[0] = float("inf")

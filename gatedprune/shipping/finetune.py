@@ -38,12 +38,12 @@ from gatedprune.utils import check_numbers
 class FineTuneConfig:
     """``finetune.*`` (``conf/finetune/default.yaml`` holds the defaults); steps 0 ships the exported model as it is."""
 
-    steps: int = 100
-    lr: float = 1e-4  # the peak: reached after warmup_steps, then decay
-    warmup_steps: int = 0  # linear from lr / warmup_steps at the first step to lr
-    decay: str = "constant"  # after the warm-up: constant, linear (to 0 at the last step), cosine (likewise), inverse_sqrt
+    steps: int = 1000
+    lr: float = 2e-3  # the peak: reached after warmup_steps, then decay
+    warmup_steps: int = 100  # linear from lr / warmup_steps at the first step to lr
+    decay: str = "inverse_sqrt"  # after the warm-up: constant, linear (to 0 at the last step), cosine (likewise), inverse_sqrt
     checkpoint_every: int = 100  # steps between checkpoints (at most 250): a relaunch after a kill resumes there
-    val_check_interval: int | None = None  # steps between validations; the best is shipped (None: the last step's)
+    val_check_interval: int | None = 250  # steps between validations; the best is shipped (None: the last step's)
     patience: int | None = None  # stop after this many validations in a row without a gain (None: never)
     save_at: list[int] = field(default_factory=list)  # steps whose weights are also saved (<out_dir>_step<N>)
     init: str = "export"  # export: the pruned weights; scratch: the same shapes re-initialised (the fair reference)
@@ -65,7 +65,8 @@ class FineTuneConfig:
                              "steps (what a kill can lose)")
         if self.warmup_steps < 0 or (self.steps and self.warmup_steps > self.steps):
             raise ValueError(f"finetune.warmup_steps={self.warmup_steps} with finetune.steps={self.steps}; allowed: "
-                             f"0 <= warmup_steps <= steps (a warm-up no longer than the phase)")
+                             f"0 <= warmup_steps <= steps (a warm-up no longer than the phase: e.g. "
+                             f"finetune.warmup_steps={max(self.steps // 10, 0)}, or finetune=short, a constant rate)")
         if self.val_check_interval is not None and not (isinstance(self.val_check_interval, int)
                                                         and self.val_check_interval >= 1):
             raise ValueError(f"finetune.val_check_interval={self.val_check_interval}; allowed: a number of steps >= 1, "
