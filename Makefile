@@ -1,18 +1,19 @@
-# `make train` and `make test` set up .venv on first use (CPU torch pinned; the deploy extra, so its tests run), then run.
+# `make train` and `make test` set up .venv on first use (CPU torch pinned; the deploy and docs extras, so their
+# tests run), then run. `make docs` serves the documentation site at http://127.0.0.1:8000.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline
 
-.PHONY: setup train test smoke
+.PHONY: setup train test smoke docs
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet $(TORCH) -e '.[dev,deploy]'
+	$(BIN)/pip install --quiet $(TORCH) -e '.[dev,deploy,docs]'
 	touch $@
 
 train: setup
@@ -25,3 +26,6 @@ smoke: setup
 # fixtures (trained runs) built once, on one worker; the 15 slowest tests are listed at the end (the suite's budget)
 test: setup
 	$(OFFLINE) $(BIN)/python -m pytest -n 2 --dist loadfile --durations=15 $(ARGS)
+
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve

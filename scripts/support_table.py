@@ -1,11 +1,11 @@
 """Build every class of transformers' encoder-decoder mappings tiny, run gatedprune's checks, write the table.
 
-    python scripts/support_table.py [--readme README.md] [--json docs/support.json] [--only bart,whisper]
+    python scripts/support_table.py [--page docs/guide/models.md] [--json docs/support.json] [--only bart,whisper]
 
 Each class of MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING and MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING is built from its default
 config shrunk by ``gatedprune.reports.support.tiny_config`` and checked by ``gatedprune.reports.support.check_kinds``
 for each group of kinds (attention heads, FFN units, layers). The table, a column per group, goes between the
-support-table markers of the README; the JSON lists the classes and their results, which the test suite checks.
+support-table markers of the page (the site's Supported models); the JSON lists the classes and their results, which the test suite checks.
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--readme", default="README.md")
+    parser.add_argument("--page", "--readme", dest="page", default="docs/guide/models.md",
+                        help="the page whose support-table markers the table goes between")
     parser.add_argument("--json", default="docs/support.json")
     parser.add_argument("--only", default=None, help="comma-separated model_types (writes nothing)")
     args = parser.parse_args(argv)
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
     print(f"{len(rows)} classes checked in {time.perf_counter() - start:.0f} s", flush=True)
     if only:
         return 0
-    readme = Path(args.readme)
+    readme = Path(args.page)
     text = readme.read_text()
     pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
     if not pattern.search(text):

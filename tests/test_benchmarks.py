@@ -487,14 +487,14 @@ def test_speed_quality_leaves_a_run_to_the_live_process_that_holds_it(tmp_path):
 
 
 def test_the_readme_quotes_the_speed_quality_measurement_it_links():
-    """The test BLEU and speed-ups README's "Does it buy speed" quotes for the from-scratch model, one decoder layer
+    """The test BLEU and speed-ups the speed-targets page's "Does it buy speed" quotes for the from-scratch model, one decoder layer
     cut from the checkpoint and the 0.5 target are those of docs/benchmarks/speed_quality.json (mean ± spread)."""
     bench = _load("speed_quality")
     results = json.loads((ROOT / "docs" / "benchmarks" / "speed_quality.json").read_text())
     points = {(p["method"], p["target"], p["point"]): p for p in bench.summary(results)["points"]}
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "guide" / "speed_targets.md").read_text()
     bullet = readme[readme.index("**Does it buy speed without losing quality?"):]
-    bullet = " ".join(bullet[: bullet.index("\n\n")].split())  # one line: the README wraps where it likes
+    bullet = " ".join(bullet[: bullet.index("\n\n")].split())  # one line: the page wraps where it likes
     bleu = lambda p: f"{p['test_bleu']:.2f}" + (f" ± {p['test_bleu_sd']:.2f}" if p["test_bleu_sd"] else "")  # noqa: E731
     scratch = points[("dense from scratch, 1 decoder layer", None, "")]
     assert f"scores {bleu(scratch)} at {scratch['transformers b1']:.2f}x" in bullet
@@ -559,6 +559,8 @@ def test_the_recovery_reference_is_the_teacher_s_own_schedule_scored_at_the_defa
     from gatedprune.teacher import record
 
     bench = _load("recovery")
+    default = compose_train(tmp_path)
+    assert bench.DEFAULT_RUN_STEPS == default.gated_steps + default.finetune.steps  # its final table's column
     cell = next(c for c in bench._grid() if c.group == "reference")
     assert bench.DEFAULT_RUN_STEPS in cell.budgets and set(bench.BUDGETS) - {4000} <= set(cell.budgets)
     # the rate the teacher's inverse-square-root schedule had at its last step, held: its training continued

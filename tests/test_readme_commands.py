@@ -1,5 +1,6 @@
-"""Every command the README shows still works: train commands compose with Hydra (with the README's overrides),
-the other gatedprune commands accept the options the README gives them, and make targets exist.
+"""Every command the README and the documentation site's pages (docs/**/*.md) show still works: train commands
+compose with Hydra (with the page's overrides), the other gatedprune commands and the scripts accept the options the
+page gives them, and make targets exist.
 
 A command that stops working (a renamed option, a removed preset) fails here, not in a user's terminal.
 """
@@ -20,17 +21,23 @@ TOOLS = ("gatedprune-export", "gatedprune-sweep", "gatedprune-evaluate", "gatedp
 TESTED_ELSEWHERE = ("pip ",)  # building and installing the wheel: tests/test_wheel.py
 
 
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
 def readme_commands() -> list[str]:
-    """The commands of the README's bash blocks: continuation lines joined, comments and env assignments dropped."""
-    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    """The commands of every page's bash blocks: continuation lines joined, comments and env assignments dropped;
+    each once (pages repeat the common ones)."""
+    blocks = [b for page in PAGES for b in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.S)]
     commands = []
     for block in blocks:
         for line in block.replace("\\\n", " ").splitlines():
-            line = re.sub(r"\s+#.*$", "", line).strip()
+            line = re.sub(r"(^|\s+)#.*$", "", line).strip()
             words = [w for w in shlex.split(line) if w] if line else []
             while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):  # HF_HUB_OFFLINE=0 ...
                 words.pop(0)
-            if words:
+            if words and words[0] in ("export", "cd"):  # the shell's set-up, not a command of ours
+                continue
+            if words and shlex.join(words) not in commands:
                 commands.append(shlex.join(words))
     return commands
 
@@ -119,6 +126,10 @@ def _check_applied(cfg, overrides: list[str]) -> None:
         key, value = override.key_or_group, override.value()
         if key.lstrip("+") in choices:  # experiment=smoke, pruning=l0_budget, hydra/launcher=submitit_slurm
             assert choices[key.lstrip("+")] == value, override.input_line
+        elif isinstance(value, str) and "${" in value:  # resume=<runs>/dense_s${seed}/...: Hydra resolved it
+            actual = str(OmegaConf.select(cfg, key.lstrip("+")))
+            pattern = re.sub(r"\\\$\\\{.*?\\\}", ".+", re.escape(value))  # each ${...} as what it resolved to
+            assert re.fullmatch(pattern, actual), (override.input_line, actual)
         else:  # pruning.l0_lambda=0.05, trainer.max_steps=3000
             assert OmegaConf.to_container(OmegaConf.create({"v": OmegaConf.select(cfg, key.lstrip("+"))}),
                                           resolve=False)["v"] == value, override.input_line

@@ -2,7 +2,7 @@
 
 ``tiny_config`` shrinks a class's default config by one generic rule (field names, not families); ``check_class``
 runs on it what the family tests check for attention heads, ``check_kinds`` the same for each kind of structure
-(heads, FFN units, layers). ``scripts/support_table.py`` writes the README's table from the results.
+(heads, FFN units, layers). ``scripts/support_table.py`` writes the support table (docs/guide/models.md) from the results.
 """
 
 from __future__ import annotations
