@@ -26,6 +26,9 @@ TEACHER_DIR = Path(__file__).resolve().parents[1] / "teacher"  # the checkout's 
 RECORD = "teacher.json"
 WEIGHTS = "model.safetensors"
 SCORED_PAIRS = 100  # the first test pairs, scored at one thread: what the test suite checks again
+# the teacher trained on, nothing pruned, scored at each step count (benchmarks/recovery.py's reference cell): the
+# fair reference of a run from it, which the final table sets beside the shipped model
+REFERENCE = TEACHER_DIR.parent / "docs" / "benchmarks" / "recovery" / "reference_teacher_1.0_s1234_2000_lr0.00022.json"
 
 
 def teacher_dir() -> str:
@@ -37,8 +40,18 @@ def teacher_dir() -> str:
     return str(TEACHER_DIR)
 
 
+def teacher_reference(target: str) -> str | None:
+    """``${gp.teacher_reference:${pruning._target_}}`` (``model=teacher``'s ``reference``): ``REFERENCE`` for a
+    method whose final table shows it (one shipped model: the gated methods); null for the others (several levels,
+    or a recovery of an export), and before the reference cell has run."""
+    from hydra.utils import get_class
+
+    return str(REFERENCE) if REFERENCE.is_file() and getattr(get_class(target), "shows_reference", False) else None
+
+
 if not OmegaConf.has_resolver("gp.teacher"):
     OmegaConf.register_new_resolver("gp.teacher", teacher_dir)
+    OmegaConf.register_new_resolver("gp.teacher_reference", teacher_reference)
 
 
 def record(directory: str | Path = TEACHER_DIR) -> dict:

@@ -66,3 +66,24 @@ def test_a_run_with_a_bad_reference_is_refused_at_set_up(tmp_path):
     path.write_text(json.dumps({"test_bleu_at": {"20": 1.0}}))  # a good file, with a method that has no column
     assert f"reference={path} with pruning=michel" in refused_at_setup(tmp_path / "other", f"reference={path}",
                                                                       "pruning=michel")
+
+
+def test_a_run_from_the_kept_teacher_is_set_beside_the_teacher_trained_on(tmp_path, monkeypatch):
+    from helpers import compose_train
+    from test_benchmarks import _load
+
+    import gatedprune.teacher as teacher
+
+    recovery = _load("recovery")
+    cell = next(c for c in recovery._grid() if c.group == "reference")
+    assert teacher.REFERENCE == recovery.RESULTS / f"{cell.name}.json"  # the cell that measures it
+    made = tmp_path / "reference.json"
+    made.write_text(json.dumps({"test_bleu_at": {"1100": 23.9}}))
+    monkeypatch.setattr(teacher, "REFERENCE", made)
+    assert compose_train(tmp_path, "model=teacher").reference == str(made)  # the default run's gates show it
+    # methods whose table has no column for it (several levels, a recovery) get none, rather than a refusal
+    assert compose_train(tmp_path, "model=teacher", "pruning=random").reference is None
+    assert compose_train(tmp_path, "model=teacher", "reference=null").reference is None
+    assert compose_train(tmp_path, "model=scratch_mbart").reference is None  # another model: not the teacher's
+    monkeypatch.setattr(teacher, "REFERENCE", tmp_path / "absent.json")
+    assert compose_train(tmp_path, "model=teacher").reference is None  # before the reference cell has run
