@@ -193,12 +193,16 @@ def test_a_run_reports_the_measured_speed_up_of_what_it_ships(tmp_path):
     measured = next(line for line in table.splitlines() if line.startswith("speed-up measured, wall"))
     assert measured.rstrip().endswith(wall)
     assert next(line for line in table.splitlines() if line.startswith("speed-up predicted")).rstrip().endswith("1.73x")
-    # every row of the final table the training-runs page shows is a row of this run's table
-    readme = (ROOT / "docs" / "guide" / "runs.md").read_text()
+    # every row of the final table the README and the training-runs page show is a row of this run's table
+    for page in (ROOT / "README.md", ROOT / "docs" / "guide" / "runs.md"):
+        _rows_are_the_final_table_s(page.read_text(), table)
+    metrics["speed"] = None
+    table = final_table(metrics)
+    assert "not measured (report.speed=false)" in table and "1.73x" in table and "speed-up measured, wall" not in table
+
+
+def _rows_are_the_final_table_s(readme, table):
     block = readme[readme.index("This run ended at:"):].split("```text\n", 1)[1].split("```", 1)[0]
     printed = {line.split("  ")[0] for line in table.splitlines()}
     labels = [line.split("  ")[0].replace("(batch 1 / 32)", "(batch 1 / 2)") for line in block.splitlines()[1:]]
     assert labels and not set(labels) - printed, set(labels) - printed
-    metrics["speed"] = None
-    table = final_table(metrics)
-    assert "not measured (report.speed=false)" in table and "1.73x" in table and "speed-up measured, wall" not in table
