@@ -271,6 +271,31 @@ def test_the_export_rule_keeps_a_plan_within_the_target(bart3, kinds):
         gates.remove()
 
 
+def test_the_budget_prices_the_deterministic_gates_and_the_export_plan_as_the_models_they_cut(bart3):
+    """``CostBudget.report``: the binary gates' and the export plan's costs are those of the models they cut."""
+    model = copy.deepcopy(bart3)
+    cost = LinearCost("latency", BASE, TRUE)
+    gates = attach_gates(model, ALL_KINDS)
+    try:
+        torch.manual_seed(2)
+        for gate in gates.gates:
+            gate.log_alpha.data.uniform_(-3, 3)
+        decoder_layers = [i for i, kind in enumerate(gates.kinds) if kind == "decoder_layer"]
+        gates.gates[decoder_layers[0]].log_alpha.data.fill_(2.0)  # a decoder layer open: no plan reopens one
+        gates.set_costs("latency", StructureCosts.of_linear(cost, model, gates))
+        budget = CostBudget(gates, "latency", 0.6, warmup_steps=0)
+        report = budget.report()["latency"]
+        dense = cost.of(bart3)
+        for key, keep in (("binary_kept", gates.keep_mask("binary")),
+                          ("plan_kept", gates.keep_mask("latency", budget.kept_allowed))):
+            pruned = prune_heads(copy.deepcopy(bart3), gates.plan(keep=keep, note=False))
+            assert report[key] == pytest.approx(cost.of(pruned) / dense, rel=1e-6), key
+        assert report["plan_kept"] <= 0.6 + 1e-9 and report["binary_kept"] != pytest.approx(report["plan_kept"])
+        assert report["expected_kept"] == pytest.approx(budget.expected_fraction().item())
+    finally:
+        gates.remove()
+
+
 def test_a_latency_target_below_the_floor_is_refused_with_the_floor(bart3):
     model = copy.deepcopy(bart3)
     gates = attach_gates(model, ("encoder", "decoder", "cross"))

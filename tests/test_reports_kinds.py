@@ -94,7 +94,7 @@ def test_the_gated_column_counts_what_the_binary_rule_keeps_inside_open_layers(r
 
 
 def test_the_final_table_has_a_row_per_stack_for_units_and_layers(run):
-    _, out, metrics, report, _ = run
+    run_dir, out, metrics, report, _ = run
     table = out[out.index("dense (step"):]
     rows = {label.strip(): re.split(r"\s{2,}", cells.strip()) for label, cells in
             (re.match(r"(\S.*?:\s\w+)\s{2,}(.*)", line).groups() for line in table.splitlines()
@@ -111,9 +111,15 @@ def test_the_final_table_has_a_row_per_stack_for_units_and_layers(run):
     labels = [line.split("  ")[0] for line in table.splitlines()]
     assert labels.index("heads alive: cross") < labels.index("FFN units alive: encoder") < labels.index(
         "layers alive: decoder") < labels.index("parameters")
-    expected = metrics["budget"]["params"]["expected_kept"]
-    assert (f"parameter budget: target 0.5 of the non-embedding parameters, expected kept at the end {expected:.3g}"
-            in table)
+    budget = metrics["budget"]["params"]
+    assert (f"parameter budget: target 0.5 of the non-embedding parameters, expected kept at the end "
+            f"{budget['expected_kept']:.3g}, by the deterministic gates (log_alpha > 0) {budget['binary_kept']:.3g}; "
+            f"the export keeps the most open structures that fit the target ({budget['plan_kept']:.3g})" in table)
+    assert budget["plan_kept"] == pytest.approx(report["predicted"]["params"])  # the export's own count
+    # logged at every gated validation, the last one the same as metrics.json's
+    rows = [row for row in csv.DictReader(io.StringIO((run_dir / "csv" / "metrics.csv").read_text()))
+            if row.get("val/budget_params_binary_kept")]
+    assert rows and float(rows[-1]["val/budget_params_binary_kept"]) == pytest.approx(budget["binary_kept"])
     assert "target params 0.5 of the non-embedding parameters" in table
 
 

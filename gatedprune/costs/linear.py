@@ -165,6 +165,20 @@ class StructureCosts:
         return sum(self.phantom[i] for i, kept in enumerate(keep) if self.phantom[i] and not kept.any()
                    and (gates.outer[i] is None or keep[gates.outer[i]][0]))
 
+    @torch.no_grad()
+    def kept(self, gates, keep: torch.Tensor) -> float:
+        """Prunable cost a flat keep mask (N,) keeps: ``expected`` with every P(open) 0 or 1 (a structure counts only
+        inside a kept layer), plus what the attention modules it empties still cost."""
+        per_site = [k.bool() for k in gates.per_site(keep)]
+        spent = 0.0
+        for i, kept in enumerate(per_site):
+            outer = gates.outer[i]
+            if gates.structures[i] == "layer":
+                spent += self.fixed[i] * kept[0].item()
+            elif outer is None or per_site[outer][0]:
+                spent += self.unit[i] * kept.sum().item()
+        return spent + self._phantoms(gates, per_site)
+
     def expected(self, gates) -> torch.Tensor:
         """Expected kept prunable cost (differentiable in the gates' log_alpha)."""
         device = gates.gates[0].log_alpha.device

@@ -173,9 +173,20 @@ class CostBudget(_Lagrangian):
         fixed = self.costs.total - self.costs.prunable
         return ((fixed + self.costs.expected(self.gates[0])) / self.costs.total).reshape(1)  # (1,)
 
+    def kept_fraction(self, keep: torch.Tensor) -> float:
+        """The fraction of the dense model's cost a flat keep mask (N,) keeps."""
+        fixed = self.costs.total - self.costs.prunable
+        return (fixed + self.costs.kept(self.gates[0], keep)) / self.costs.total
+
     @torch.no_grad()
     def report(self) -> dict[str, dict[str, float]]:
-        return {self.unit: {"target": self.target, "expected_kept": self.expected_fraction().item()}}
+        """The target beside three costs of where the gates are: expected (what the Lagrangian drives), the
+        deterministic gates' (log_alpha > 0: the gated model in eval mode) and the export's plan (the most open
+        structures that fit the target)."""
+        gates = self.gates[0]
+        return {self.unit: {"target": self.target, "expected_kept": self.expected_fraction().item(),
+                            "binary_kept": self.kept_fraction(gates.keep_mask("binary")),
+                            "plan_kept": self.kept_fraction(gates.keep_mask(self.unit, self.kept_allowed))}}
 
     def forward(self, gated_step: int) -> torch.Tensor:
         gap = self.expected_fraction() - self.target_fraction(gated_step).to(self.lambda1.device)  # (1,)

@@ -92,8 +92,10 @@ class ExportError(RunFailed):
 def _rule_name(rule: str, top_k: int | dict | None) -> str:
     if rule == "params":
         return f"params, at most {top_k:,} prunable parameters kept"
-    if rule in ("flops", "latency"):
-        return f"{rule}, at most {top_k:.4g} of prunable {rule} kept"
+    if rule == "flops":
+        return f"flops, at most {top_k:.4g} prunable FLOPs kept"
+    if rule == "latency":  # a latency fit's unit: seconds per generate() call
+        return f"latency, at most {top_k:.4g} s of prunable latency kept"
     return "binary" if rule == "binary" else f"top-k, k={top_k}"
 
 
