@@ -1,0 +1,173 @@
+"""Gates that choose (issue 38): how close each gated-phase protocol comes to its latency target, and what it keeps.
+
+Each cell is one gated phase from the kept teacher (``pruning=speed``, every kind, the recovery grid's latency fit
+``docs/benchmarks/recovery/teacher_latency.json``), exported and not fine-tuned. Its json records, per logged step,
+the expected kept latency beside the ramp's target and the multiplier; at the end, the three costs of
+``CostBudget.report`` (expected, the deterministic gates', the export plan's), what the gated model and the export
+keep, and both models' validation BLEU (the export gap before recovery). A cell already in ``--results`` is skipped.
+
+    .venv/bin/python benchmarks/gates.py run --runs RUNS/gates                  # every cell not yet done
+    .venv/bin/python benchmarks/gates.py run --runs RUNS/gates --cell <name>    # one (several processes at once)
+    .venv/bin/python benchmarks/gates.py table                                  # docs/benchmarks/gates/README.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import recovery  # noqa: E402  (the recovery grid's setting: the teacher, its latency fit, how a run is started)
+from common import ROOT, machine  # noqa: E402
+
+from gatedprune.utils import markdown_table  # noqa: E402
+
+RESULTS = ROOT / "docs" / "benchmarks" / "gates"
+SEEDS = (1234,)
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A gated phase: its name, its overrides beside ``pruning=speed``, and the gated steps it takes."""
+
+    name: str
+    overrides: tuple[str, ...] = ()
+    gated_steps: int = 100
+
+
+# the default's controller, then one change at a time (docs/gates.md, section 6: the causes to test)
+PROTOCOLS = (
+    Protocol("default"),  # gate rate 0.3, multiplier rate 0.5, the target ramped over 50 of 100 steps
+    Protocol("clamp_4.6", ("pruning.gates.log_alpha_range=[-4.6,4.6]",)),  # CoFi's clamp: an overshoot can undo
+    Protocol("hold_300", ("pruning.target_warmup_steps=50",), 300),  # the same ramp, then 250 steps at the target
+    Protocol("slow_300", ("pruning.gate_lr=0.1", "pruning.lagrangian_lr=0.05", "pruning.target_warmup_steps=100"),
+             300),  # l0_budget's rates, given time to settle
+)
+
+
+@dataclass(frozen=True)
+class Cell:
+    protocol: Protocol
+    target: float
+    seed: int
+    setting: recovery.Setting = recovery.REAL
+
+    @property
+    def name(self) -> str:
+        return f"{self.protocol.name}_{self.target}_s{self.seed}"
+
+    @property
+    def quick(self) -> bool:
+        return self.setting is not recovery.REAL  # the smoke model (its base sets gated_steps too)
+
+    @property
+    def gated_steps(self) -> int:
+        return max(4, round(self.protocol.gated_steps * 0.04)) if self.quick else self.protocol.gated_steps
+
+    def args(self, runs: Path) -> list[str]:
+        quick = self.quick
+        base = [o for o in self.setting.base if not o.startswith("gated_steps=")]
+        return ["pruning=speed", f"pruning.target_latency={self.target}", *base, f"gated_steps={self.gated_steps}",
+                *self.protocol.overrides, f"trainer.log_every_n_steps={2 if quick else 10}", "finetune.steps=0", "export.formats=[hf]",
+                "report.speed=false", f"seed={self.seed}", f"hydra.run.dir={runs / self.name}"]
+
+
+def grid(setting: recovery.Setting = recovery.REAL) -> list[Cell]:
+    targets = setting.targets[:1] if setting is not recovery.REAL else setting.targets  # quick: one target
+    return [Cell(p, target, seed, setting) for target in targets for p in PROTOCOLS for seed in SEEDS]
+
+
+def _trajectory(run: Path) -> list[dict]:
+    """Per logged gated step: the expected kept latency, the ramp's target and lambda1 (``csv/metrics.csv``)."""
+    rows = csv.DictReader((run / "csv" / "metrics.csv").read_text().splitlines())
+    return [{"step": int(r["step"]), "expected": float(r["train/expected_latency"]),
+             "target": float(r["train/target_latency"]), "lambda1": float(r["train/lambda1"]),
+             "ce": float(r["train/ce"])} for r in rows if r.get("train/expected_latency")]
+
+
+def run_cell(cell: Cell, runs: Path, results: Path) -> dict:
+    run = runs / cell.name
+    args = [recovery._python(), str(ROOT / "train.py"), *cell.args(runs)]
+    start = time.time()
+    recovery._run(args, runs / f"{cell.name}.log")
+    metrics = json.loads((run / "metrics.json").read_text())
+    export = json.loads((run / "pruned" / "export_report.json").read_text())
+    budget = metrics["budget"]["latency"]
+    record = {
+        "cell": cell.name, "protocol": cell.protocol.name, "target": cell.target, "seed": cell.seed,
+        "gated_steps": cell.gated_steps, "command": recovery._shown(args[1:], runs),
+        "trajectory": _trajectory(run),
+        "expected_kept": budget["expected_kept"], "binary_kept": budget["binary_kept"],
+        "plan_kept": budget["plan_kept"], "export_predicted": export["predicted"]["latency"],
+        "decided_by_rule": export["decided_by_rule"],
+        "gated": {"val_bleu": metrics["gated"]["bleu"], "kept": metrics["gated"]["kept"]},
+        "export": {"val_bleu": metrics["bleu"], "kept": metrics["kept"]},
+        "wall_s": round(time.time() - start, 1), "machine": machine(),
+    }
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"{cell.name}.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def records(results: Path) -> list[dict]:
+    """Every cell's json, by target, then in ``PROTOCOLS``' order, then seed."""
+    order = [p.name for p in PROTOCOLS]
+    found = [json.loads(p.read_text()) for p in results.glob("*.json")]
+    return sorted(found, key=lambda r: (r["target"], order.index(r["protocol"]) if r["protocol"] in order
+                                        else len(order), r["seed"]))
+
+
+def _off(value: float, target: float) -> str:
+    return f"{value:.3f} ({100 * (value - target) / target:+.1f}%)"
+
+
+def table(results: Path) -> str:
+    rows = []
+    for r in records(results):
+        layers = (f"{r['gated']['kept']['encoder_layer']} + {r['gated']['kept']['decoder_layer']} / "
+                  f"{r['export']['kept']['encoder_layer']} + {r['export']['kept']['decoder_layer']}")
+        rows.append([r["protocol"], r["target"], r["seed"], r["gated_steps"], _off(r["expected_kept"], r["target"]),
+                     _off(r["binary_kept"], r["target"]), _off(r["plan_kept"], r["target"]),
+                     f"{r['gated']['val_bleu']:.2f} / {r['export']['val_bleu']:.2f}", layers, r["decided_by_rule"]])
+    return markdown_table(["protocol", "target", "seed", "gated steps", "expected kept", "deterministic gates",
+                           "export", "val BLEU gated / export", "layers enc + dec, gated / export",
+                           "decided unlike log_alpha > 0"], rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("stage", choices=["run", "table", "quick"],
+                        help="quick: every protocol on the smoke model, a few steps (the suite's check)")
+    parser.add_argument("--runs", type=Path, default=Path("runs/gates"))
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--cell", default=None, help="one cell by name")
+    args = parser.parse_args(argv)
+    runs = args.runs.resolve()
+    setting = recovery._quick(runs) if args.stage == "quick" else recovery.REAL
+    if args.stage in ("run", "quick"):
+        cells = [c for c in grid(setting) if args.cell in (None, c.name)]
+        if args.cell and not cells:
+            names = ", ".join(c.name for c in grid(setting))
+            raise SystemExit(f"error: --cell {args.cell} is not a cell; allowed: {names}")
+        for cell in cells:
+            if (args.results / f"{cell.name}.json").is_file():
+                print(f"{cell.name}: done (in {args.results})")
+                continue
+            run_cell(cell, runs, args.results)
+    text = table(args.results)
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "README.md").write_text(
+        "# Gated phases against their latency target (benchmarks/gates.py)\n\nFractions of the dense model's "
+        "predicted latency at the end of the gated phase, and how far off the target; validation BLEU before "
+        "any fine-tuning.\n\n" + text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

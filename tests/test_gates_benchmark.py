@@ -1,0 +1,64 @@
+"""benchmarks/gates.py (issue 38): each gated-phase protocol on the smoke model, its record checked against the run's
+own files and the export's independent count of what it kept."""
+
+import csv
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from gatedprune.costs.timers import TIMERS
+from helpers import fake_timer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_protocol_is_recorded_with_its_three_costs_beside_the_target(tmp_path, monkeypatch, capsys):
+    bench = _load("gates")
+    monkeypatch.setitem(TIMERS, "torch", fake_timer)  # the quick setting's latency fit, made in this process
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    assert bench.main(["quick", "--runs", str(runs), "--results", str(results)]) == 0
+    records = bench.records(results)
+    assert [r["protocol"] for r in records] == [p.name for p in bench.PROTOCOLS]
+    for record in records:
+        run = runs / record["cell"]
+        target = record["target"]
+        export = json.loads((run / "pruned" / "export_report.json").read_text())
+        # the export plan's cost is the exported model's, priced by the export itself; it fits the target
+        assert record["plan_kept"] == pytest.approx(export["predicted"]["latency"])
+        assert record["plan_kept"] <= target + 1e-9
+        assert 0 < record["binary_kept"] <= 1 and 0 < record["expected_kept"] <= 1
+        # the trajectory is the run's logged gated steps, its target ramping down to the cell's
+        logged = [row for row in csv.DictReader((run / "csv" / "metrics.csv").read_text().splitlines())
+                  if row.get("train/expected_latency")]
+        assert [p["step"] for p in record["trajectory"]] == [int(row["step"]) for row in logged] and logged
+        assert record["trajectory"][-1]["target"] == pytest.approx(target)
+        assert all(a["target"] >= b["target"] for a, b in zip(record["trajectory"], record["trajectory"][1:]))
+        metrics = json.loads((run / "metrics.json").read_text())
+        assert record["export"]["kept"] == metrics["kept"] and record["gated"]["kept"] == metrics["gated"]["kept"]
+        assert f"gated_steps={record['gated_steps']}" in record["command"]
+    row = next(line for line in (results / "README.md").read_text().splitlines() if line.startswith("| default |"))
+    first = records[0]
+    off = 100 * (first["binary_kept"] - first["target"]) / first["target"]
+    assert f"| {first['binary_kept']:.3f} ({off:+.1f}%) |" in row
+    # run again: every cell is already there
+    capsys.readouterr()
+    assert bench.main(["quick", "--runs", str(runs), "--results", str(results)]) == 0
+    assert capsys.readouterr().out.count(": done (in") == len(bench.PROTOCOLS)
+
+
+def test_an_unknown_cell_is_refused_with_the_cells_there_are(tmp_path):
+    bench = _load("gates")
+    with pytest.raises(SystemExit, match=r"error: --cell nope is not a cell; allowed: default_0.55_s1234, "):
+        bench.main(["run", "--cell", "nope", "--runs", str(tmp_path), "--results", str(tmp_path / "results")])
+    assert not (tmp_path / "results").exists()
