@@ -53,6 +53,21 @@ def test_a_latency_target_is_measured_cached_and_met(tmp_path):
     assert all(0 < float(r["train/expected_latency"]) <= 1 for r in rows)
 
 
+# every odd probe timed twice as long as its structures cost, at every timing: a load no additive fit explains
+LOADED_TIMER = (*FAKE_TIMER[:-1], "timers.TIMERS['torch'] = lambda models, w: [t * (2 if j % 2 else 1) for j, t in "
+                "enumerate(helpers.fake_timer(models, w))]")
+
+
+def test_a_latency_fit_its_probes_disagree_with_is_refused_in_one_line_before_training(tmp_path):
+    run = tmp_path / "run"
+    proc = run_train(run, "pruning=l0_budget", "pruning.target_latency=0.6", EVERY_KIND, *SMALL, prefix=LOADED_TIMER)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert error_line(proc).startswith("error: the latency fit misses its probe ")
+    assert "after 3 timings of its probes (pruning.workload.fit_tolerance=0.2)" in error_line(proc)
+    assert proc.stdout.count("timing the probes again") == 2
+    assert not list(run.rglob("latency-*.json")) and not list(run.rglob("*.ckpt"))  # nothing cached, nothing trained
+
+
 def test_a_flops_target_is_met_as_torch_counts_flops(tmp_path):
     run = tmp_path / "run"
     proc = run_train(run, "pruning=l0_budget", "pruning.target_flops=0.5", EVERY_KIND, *SMALL,

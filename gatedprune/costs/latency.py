@@ -15,7 +15,10 @@ A fit is checked against its own probes: on a shared machine a burst of load can
 at once (seen here: the dense probe predicted 33% off, probes that removed structures timed up to 60% slower than
 the dense model), and such a fit prices structures by the load, not by what they cost. Where the largest relative
 error over the probes exceeds ``workload.fit_tolerance`` the probes are timed again, up to ``workload.fit_attempts``
-timings in all, and the fit with the smallest largest error is kept (``fit_error`` says what it was).
+timings in all, and each fit is made from every timing so far: per probe, the median over the timings (one loaded
+timing among three is outvoted; each timing is itself the median of ``workload.repeats`` interleaved calls). A fit
+that still misses its probes after the last timing is refused (``LatencyFitError``, one line): a plan priced by the
+load would differ from run to run.
 
 The timer is a parameter: ``timer(models, workload) -> [seconds]`` (``timers``), so a test can inject a fake one.
 """
@@ -31,6 +34,7 @@ from torch import nn
 from gatedprune.costs.counts import features, kind_sites
 from gatedprune.costs.linear import LinearCost
 from gatedprune.costs.workload import Workload
+from gatedprune.errors import RunFailed
 from gatedprune.structures.adapters import probe as probe_layout
 from gatedprune.structures.kinds import ALL_KINDS, KINDS
 from gatedprune.surgery.cut import prune_heads
@@ -91,31 +95,38 @@ def fit_error(table: list[dict]) -> float:
     return max(map(_error, table))
 
 
+class LatencyFitError(RunFailed):
+    """The probes' timings disagree with any additive fit beyond ``workload.fit_tolerance`` after every timing."""
+
+
 def fit_latency(model: nn.Module, workload: Workload, timer) -> tuple[LinearCost, list[dict]]:
-    """Time the probes of ``model`` with ``timer`` and fit, timing them again while the fit misses its own probes by
-    more than ``workload.fit_tolerance``; returns the cost and one row per probe (name, structures, seconds measured
-    and predicted) of the fit kept."""
+    """Time the probes of ``model`` with ``timer`` and fit to the per-probe median of every timing so far, timing
+    them again while the fit misses its own probes by more than ``workload.fit_tolerance``; returns the cost and one
+    row per probe (name, structures, the seconds fitted to, each timing's seconds, predicted). ``LatencyFitError``
+    when the last of ``workload.fit_attempts`` timings still misses."""
     probes = probe_models(model, workload.probe_fractions)
     rows = [features(m) for _, m in probes]
-    best = None
+    timings = []  # (attempts, J): one timing of every probe per attempt
     for attempt in range(1, workload.fit_attempts + 1):
         seconds = timer([m for _, m in probes], workload)
         if any(not (s > 0 and math.isfinite(s)) for s in seconds):
             raise ValueError(f"the latency timer returned {seconds}: every time must be a positive number of seconds")
-        base, coefficients = fit(rows, seconds)
+        timings.append([float(s) for s in seconds])
+        pooled = np.median(np.asarray(timings), axis=0)  # (J,): robust to one loaded timing once there are three
+        base, coefficients = fit(rows, pooled.tolist())
         cost = LinearCost("latency", base, coefficients)
-        table = [{"probe": name, "structures": row, "seconds": s, "predicted": cost.of(m)}
-                 for (name, m), row, s in zip(probes, rows, seconds)]
+        table = [{"probe": name, "structures": row, "seconds": float(s), "timings": [t[j] for t in timings],
+                  "predicted": cost.of(m)} for j, ((name, m), row, s) in enumerate(zip(probes, rows, pooled))]
         error = fit_error(table)
-        if best is None or error < best[0]:
-            best = (error, cost, table)
         if error <= workload.fit_tolerance:
-            break
+            return cost, table
         worst = max(table, key=_error)["probe"]
-        again = attempt < workload.fit_attempts
-        print(f"{'note' if again else 'warning'}: the latency fit misses its probe {worst!r} by {error:.0%} "
-              f"(pruning.workload.fit_tolerance={workload.fit_tolerance:g}; a busy machine?): "
-              + (f"timing the probes again ({attempt + 1} of {workload.fit_attempts})" if again else
-                 f"kept the closest of the {attempt} timings' fits, {best[0]:.0%} off: its predictions are that "
-                 "uncertain"))
-    return best[1], best[2]
+        if attempt < workload.fit_attempts:
+            print(f"note: the latency fit misses its probe {worst!r} by {error:.0%} (pruning.workload.fit_tolerance="
+                  f"{workload.fit_tolerance:g}; a busy machine?): timing the probes again ({attempt + 1} of "
+                  f"{workload.fit_attempts}), fitting the median of every timing")
+    raise LatencyFitError(
+        f"the latency fit misses its probe {worst!r} by {error:.0%} after {workload.fit_attempts} timings of its "
+        f"probes (pruning.workload.fit_tolerance={workload.fit_tolerance:g}): their times follow the machine's load, "
+        "not the structures; time them on a quieter machine, allow more timings (pruning.workload.fit_attempts), or "
+        "give a fit measured elsewhere (pruning.workload.table=, written by gatedprune-latency)")
