@@ -113,3 +113,10 @@ def versions() -> str:
 def command_line(script: str, argv: list[str]) -> str:
     """The command as a shell reads it back (``--runtimes "ct2 float32"`` keeps its quotes)."""
     return shlex.join([".venv/bin/python", f"benchmarks/{script}", *argv])
+
+
+def write_readme(results: Path, title: str, intro: str, table: str) -> None:
+    """``results/README.md``: a title, what the table is, the table (and print it)."""
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "README.md").write_text(f"# {title}\n\n{intro}\n\n{table}\n")
+    print(table)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import recovery  # noqa: E402  (the recovery grid's setting: the teacher, its latency fit, how a run is started)
-from common import ROOT, machine  # noqa: E402
+from common import ROOT, machine, write_readme  # noqa: E402
 
 from gatedprune.utils import markdown_table  # noqa: E402
 
@@ -159,13 +159,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{cell.name}: done (in {args.results})")
                 continue
             run_cell(cell, runs, args.results)
-    text = table(args.results)
-    args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "README.md").write_text(
-        "# Gated phases against their latency target (benchmarks/gates.py)\n\nFractions of the dense model's "
-        "predicted latency at the end of the gated phase, and how far off the target; validation BLEU before "
-        "any fine-tuning.\n\n" + text + "\n")
-    print(text)
+    write_readme(args.results, "Gated phases against their latency target (benchmarks/gates.py)",
+                 "Fractions of the dense model's predicted latency at the end of the gated phase, and how far off "
+                 "the target; validation BLEU before any fine-tuning.", table(args.results))
     return 0
 
 

@@ -122,3 +122,14 @@ def bart_structures(model) -> dict:
             if stack == "decoder":
                 counts["cross"] += layer.encoder_attn.q_proj.out_features // head_dim
     return counts
+
+
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` as a module (the folder is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module

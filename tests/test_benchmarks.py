@@ -3,7 +3,6 @@
 Timings are never asserted: they depend on the machine and its load.
 """
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,27 +16,21 @@ from hydra.utils import instantiate
 from gatedprune.structures.adapters import attention_sites
 from gatedprune.surgery.cut import prune_heads
 from gatedprune.costs.timers import TIMERS
-from helpers import FAKE_COSTS, compose_train, fake_timer
+from helpers import FAKE_COSTS, compose_train, fake_timer, load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def speed():
-    return _load("speed")
+    return load_benchmark("speed")
 
 
 @pytest.fixture(scope="module")
 def common():
-    return _load("common")
+    return load_benchmark("common")
 
 
 def _kept_per_layer(model, plan):
@@ -111,7 +104,7 @@ def test_speed_quick_writes_its_page(speed, tmp_path):
 
 
 def test_train_overhead_quick_writes_its_page(tmp_path):
-    bench = _load("train_overhead")
+    bench = load_benchmark("train_overhead")
     out = tmp_path / "train_overhead.md"
     assert bench.main(["--quick", "--out", str(out)]) == 0
     text = out.read_text()
@@ -123,7 +116,7 @@ def test_train_overhead_quick_writes_its_page(tmp_path):
 def test_quality_table_pairs_each_pruned_model_with_the_dense_run_of_its_seed_and_length(tmp_path):
     from statistics import mean, stdev
 
-    table = _load("quality_table")
+    table = load_benchmark("quality_table")
 
     def run(name, metrics, overrides, status="done"):
         folder = tmp_path / name
@@ -173,7 +166,7 @@ def test_quality_table_pairs_each_pruned_model_with_the_dense_run_of_its_seed_an
 def test_quality_plot_draws_each_protocol_measured_at_two_or_more_head_counts(tmp_path):
     from statistics import mean, stdev
 
-    table = _load("quality_table")
+    table = load_benchmark("quality_table")
     dense = {(1, 850): 11.0, (2, 850): 10.0, (1, 950): 12.0}
     # seed 2 has no dense run of 950 steps: its fine-tuned model gives no gap
     pruned = [dict(protocol="+quality=finetune", model=model, heads=heads, seed=seed, steps=steps, bleu=bleu,
@@ -192,7 +185,7 @@ def test_quality_plot_draws_each_protocol_measured_at_two_or_more_head_counts(tm
 
 
 def test_cost_model_quick_writes_its_page_from_its_own_numbers(tmp_path):
-    bench = _load("cost_model")
+    bench = load_benchmark("cost_model")
     assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "cost_model.md").read_text()
     assert f"`.venv/bin/python benchmarks/cost_model.py --quick --out {tmp_path}`" in text
@@ -208,7 +201,7 @@ def test_cost_model_quick_writes_its_page_from_its_own_numbers(tmp_path):
 
 
 def test_speed_quality_grid_gives_every_method_the_same_training_after_the_checkpoint(tmp_path):
-    bench = _load("speed_quality")
+    bench = load_benchmark("speed_quality")
     runs = bench.plan_runs()
     # 7 methods at 3 latency targets, the 0.5 point at 3 seeds; 3 methods without a target at 3 seeds; 2 from scratch
     assert len(runs) == 7 * (3 + 2) + 3 * 3 + 2 and len({run.slug for run in runs}) == len(runs)
@@ -252,7 +245,7 @@ def test_speed_quality_grid_gives_every_method_the_same_training_after_the_check
 def test_the_default_run_prunes_as_the_speed_quality_page_best_gated_protocol(tmp_path):
     """README: ``make train`` runs the gates of docs/speed_quality.md at 0.67 (the gated protocol that kept the most
     BLEU there): the default's pruning is the grid's SHORT_GATES at that target, and its gated phase is as short."""
-    bench = _load("speed_quality")
+    bench = load_benchmark("speed_quality")
     default = compose_train(tmp_path)
     # with the faster controller the page's last section measured against l0_budget's own rates
     page = compose_train(tmp_path, *(o.format(t=0.67) for o in bench.SHORT_GATES), "pruning.gate_lr=0.3",
@@ -265,7 +258,7 @@ def test_the_default_run_prunes_as_the_speed_quality_page_best_gated_protocol(tm
 
 
 def test_speed_quality_quick_writes_its_page_from_its_runs(tmp_path, monkeypatch):
-    bench = _load("speed_quality")
+    bench = load_benchmark("speed_quality")
     # the latency fit the script measures once (its runs read it from the cache) is a fake clock's: a real one could
     # put the smoke model's floor above the 0.85 target on a loaded machine, and the gated and random runs be refused
     monkeypatch.setitem(TIMERS, "torch", fake_timer)
@@ -304,7 +297,7 @@ def test_speed_quality_quick_writes_its_page_from_its_runs(tmp_path, monkeypatch
 
 
 def test_speed_quality_keeps_an_earlier_measurements_rows_for_the_runs_not_timed_now(tmp_path):
-    bench = _load("speed_quality")
+    bench = load_benchmark("speed_quality")
     path = ROOT / "docs" / "benchmarks" / "speed_quality.json"
     earlier = json.loads(path.read_text())  # the grid measured before its machine was lost
     retimed = {key: value for key, value in next(row for row in earlier["rows"] if row["run"].startswith("gates_"))
@@ -399,7 +392,7 @@ def _word_tokenizer(size: int):
 
 def test_speed_quality_times_runs_trained_since_a_lost_checkpoint_against_a_stand_in_of_its_shapes(tmp_path,
                                                                                                  monkeypatch):
-    bench = _load("speed_quality")
+    bench = load_benchmark("speed_quality")
     path = ROOT / "docs" / "benchmarks" / "speed_quality.json"
     earlier = json.loads(path.read_text())  # measured before the checkpoint was lost with its machine
     lost, runs = tmp_path / "converged", tmp_path / "runs"
@@ -476,7 +469,7 @@ def test_speed_quality_times_runs_trained_since_a_lost_checkpoint_against_a_stan
 
 
 def test_speed_quality_leaves_a_run_to_the_live_process_that_holds_it(tmp_path):
-    claim = _load("speed_quality").claim
+    claim = load_benchmark("speed_quality").claim
     lock = tmp_path / "gates_all-lat0.5-s1.pid"
     assert claim(lock) and lock.read_text() == f"{os.getpid()}\n"  # free: taken, naming this process
     assert not claim(lock)  # held by a live process (this one): left alone
@@ -489,7 +482,7 @@ def test_speed_quality_leaves_a_run_to_the_live_process_that_holds_it(tmp_path):
 def test_the_readme_quotes_the_speed_quality_measurement_it_links():
     """The test BLEU and speed-ups the speed-targets page's "Does it buy speed" quotes for the from-scratch model, one decoder layer
     cut from the checkpoint and the 0.5 target are those of docs/benchmarks/speed_quality.json (mean ± spread)."""
-    bench = _load("speed_quality")
+    bench = load_benchmark("speed_quality")
     results = json.loads((ROOT / "docs" / "benchmarks" / "speed_quality.json").read_text())
     points = {(p["method"], p["target"], p["point"]): p for p in bench.summary(results)["points"]}
     readme = (ROOT / "docs" / "guide" / "speed_targets.md").read_text()
@@ -512,7 +505,7 @@ def test_the_readme_quotes_the_speed_quality_measurement_it_links():
 
 
 def test_recovery_quick_recovers_the_gates_export_and_its_shape_from_scratch(tmp_path, monkeypatch):
-    bench = _load("recovery")
+    bench = load_benchmark("recovery")
     monkeypatch.setitem(TIMERS, "torch", fake_timer)  # the quick setting's latency fit, made in this process
     results, runs = tmp_path / "results", tmp_path / "runs"
     assert bench.main(["quick", "--runs", str(runs), "--results", str(results)]) == 0
@@ -558,7 +551,7 @@ def test_the_recovery_reference_is_the_teacher_s_own_schedule_scored_at_the_defa
 
     from gatedprune.teacher import record
 
-    bench = _load("recovery")
+    bench = load_benchmark("recovery")
     default = compose_train(tmp_path)
     assert bench.DEFAULT_RUN_STEPS == default.gated_steps + default.finetune.steps  # its final table's column
     cell = next(c for c in bench._grid() if c.group == "reference")

@@ -267,15 +267,21 @@ def test_expected_cost_of_fixed_gates_is_the_cost_of_the_pruned_model(bart3):
         gates.remove()
 
 
+def _random_gates(model, kinds, seed: int):
+    """Gates on ``kinds`` of ``model`` with log_alpha drawn from U(-3, 3): some open, some closed, some undecided."""
+    gates = attach_gates(model, kinds)
+    torch.manual_seed(seed)
+    for gate in gates.gates:
+        gate.log_alpha.data.uniform_(-3, 3)
+    return gates
+
+
 @pytest.mark.parametrize("kinds", [ALL_KINDS, ("encoder", "decoder", "cross", "decoder_layer")])
 def test_the_export_rule_keeps_a_plan_within_the_target(bart3, kinds):
     model = copy.deepcopy(bart3)
     cost = LinearCost("latency", BASE, TRUE)
-    gates = attach_gates(model, kinds)
+    gates = _random_gates(model, kinds, seed=1)
     try:
-        torch.manual_seed(1)
-        for gate in gates.gates:
-            gate.log_alpha.data.uniform_(-3, 3)
         gates.set_costs("latency", StructureCosts.of_linear(cost, model, gates))
         budget = CostBudget(gates, "latency", 0.6, warmup_steps=0)
         plan = gates.plan("latency", budget.kept_allowed)
@@ -294,11 +300,8 @@ def test_the_budget_prices_the_deterministic_gates_and_the_export_plan_as_the_mo
     """``CostBudget.report``: the binary gates' and the export plan's costs are those of the models they cut."""
     model = copy.deepcopy(bart3)
     cost = LinearCost("latency", BASE, TRUE)
-    gates = attach_gates(model, ALL_KINDS)
+    gates = _random_gates(model, ALL_KINDS, seed=2)
     try:
-        torch.manual_seed(2)
-        for gate in gates.gates:
-            gate.log_alpha.data.uniform_(-3, 3)
         decoder_layers = [i for i, kind in enumerate(gates.kinds) if kind == "decoder_layer"]
         gates.gates[decoder_layers[0]].log_alpha.data.fill_(2.0)  # a decoder layer open: no plan reopens one
         gates.set_costs("latency", StructureCosts.of_linear(cost, model, gates))

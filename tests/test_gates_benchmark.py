@@ -2,29 +2,16 @@
 own files and the export's independent count of what it kept."""
 
 import csv
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from gatedprune.costs.timers import TIMERS
-from helpers import fake_timer
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+from helpers import fake_timer, load_benchmark
 
 
 def test_every_protocol_is_recorded_with_its_three_costs_beside_the_target(tmp_path, monkeypatch, capsys):
-    bench = _load("gates")
+    bench = load_benchmark("gates")
     monkeypatch.setitem(TIMERS, "torch", fake_timer)  # the quick setting's latency fit, made in this process
     results, runs = tmp_path / "results", tmp_path / "runs"
     assert bench.main(["quick", "--runs", str(runs), "--results", str(results)]) == 0
@@ -58,7 +45,23 @@ def test_every_protocol_is_recorded_with_its_three_costs_beside_the_target(tmp_p
 
 
 def test_an_unknown_cell_is_refused_with_the_cells_there_are(tmp_path):
-    bench = _load("gates")
+    bench = load_benchmark("gates")
     with pytest.raises(SystemExit, match=r"error: --cell nope is not a cell; allowed: default_0.55_s1234, "):
         bench.main(["run", "--cell", "nope", "--runs", str(tmp_path), "--results", str(tmp_path / "results")])
     assert not (tmp_path / "results").exists()
+
+
+def test_the_plan_comparison_counts_each_structure_one_plan_keeps_and_the_other_does_not():
+    bench = load_benchmark("plan_repro")
+    report = {"plan": {"enc.0": [0, 1, 2]}, "plan_units": {"ffn.0": [0, 5]}, "plan_layers": {"dec": [0, 2]}}
+    other = {"plan": {"enc.0": [0, 2, 3]}, "plan_units": {"ffn.0": [0, 5], "ffn.1": [7]}, "plan_layers": {"dec": [0]}}
+    a, b = bench.plan_of(report), bench.plan_of(other)
+    assert a == {"heads enc.0": [0, 1, 2], "units ffn.0": [0, 5], "layers dec": [0, 2]}
+    # heads 1 and 3 (one each side), unit 7 of a site only one plan names, decoder layer 2: four in all
+    assert bench.plan_difference(a, b) == bench.plan_difference(b, a) == 4 and bench.plan_difference(a, a) == 0
+    # the busy run's second process spins while the block runs and is gone after it; a quiet run starts none
+    with bench.busy_core(True) as spinner:
+        assert spinner.poll() is None  # running
+    assert spinner.returncode is not None
+    with bench.busy_core(False) as none:
+        assert none is None
