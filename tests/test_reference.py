@@ -70,7 +70,7 @@ def test_a_run_with_a_bad_reference_is_refused_at_set_up(tmp_path):
 
 def test_a_run_from_the_kept_teacher_is_set_beside_the_teacher_trained_on(tmp_path, monkeypatch):
     from helpers import compose_train
-    from test_benchmarks import _load
+    from helpers import load_benchmark as _load
 
     import gatedprune.teacher as teacher
 
