@@ -167,30 +167,28 @@ class StructureCosts:
 
     @torch.no_grad()
     def kept(self, gates, keep: torch.Tensor) -> float:
-        """Prunable cost a flat keep mask (N,) keeps: ``expected`` with every P(open) 0 or 1 (a structure counts only
-        inside a kept layer), plus what the attention modules it empties still cost."""
+        """Prunable cost a flat keep mask (N,) keeps: ``expected`` with every P(open) 0 or 1, plus what the attention
+        modules it empties still cost."""
         per_site = [k.bool() for k in gates.per_site(keep)]
-        spent = 0.0
-        for i, kept in enumerate(per_site):
-            outer = gates.outer[i]
-            if gates.structures[i] == "layer":
-                spent += self.fixed[i] * kept[0].item()
-            elif outer is None or per_site[outer][0]:
-                spent += self.unit[i] * kept.sum().item()
-        return spent + self._phantoms(gates, per_site)
+        return self._nested(gates, [k.double() for k in per_site]).item() + self._phantoms(gates, per_site)
 
     def expected(self, gates) -> torch.Tensor:
         """Expected kept prunable cost (differentiable in the gates' log_alpha)."""
-        device = gates.gates[0].log_alpha.device
-        inner = {i: torch.tensor(fixed, device=device) for i, fixed in self.fixed.items()}
-        total = [torch.zeros((), device=device)]
-        for i, gate in enumerate(gates.gates):
+        return self._nested(gates, [gate.p_open() for gate in gates.gates])
+
+    def _nested(self, gates, open_: list[torch.Tensor]) -> torch.Tensor:
+        """Kept prunable cost with site i's gates open by ``open_[i]`` (H_i,), P(open) or 0/1: a layer pays its fixed
+        part and its content, each structure inside it counted times the layer's own value."""
+        device, dtype = open_[0].device, open_[0].dtype
+        inner = {i: torch.tensor(fixed, device=device, dtype=dtype) for i, fixed in self.fixed.items()}
+        total = [torch.zeros((), device=device, dtype=dtype)]
+        for i, value in enumerate(open_):
             if gates.structures[i] == "layer":
                 continue
-            own = (gate.p_open() * self.unit[i]).sum()
+            own = (value * self.unit[i]).sum()
             if gates.outer[i] is None:
                 total.append(own)
             else:
                 inner[gates.outer[i]] = inner[gates.outer[i]] + own
-        total += [gates.gates[i].p_open().sum() * value for i, value in inner.items()]
+        total += [open_[i].sum() * value for i, value in inner.items()]
         return torch.stack(total).sum()
