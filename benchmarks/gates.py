@@ -8,6 +8,7 @@ keep, and both models' validation BLEU (the export gap before recovery). A cell 
 
     .venv/bin/python benchmarks/gates.py run --runs RUNS/gates                  # every cell not yet done
     .venv/bin/python benchmarks/gates.py run --runs RUNS/gates --cell <name>    # one (several processes at once)
+    .venv/bin/python benchmarks/gates.py rescore --runs RUNS/gates --bleu       # final gates of the kept runs
     .venv/bin/python benchmarks/gates.py table                                  # docs/benchmarks/gates/README.md
 """
 
@@ -38,6 +39,7 @@ class Protocol:
     name: str
     overrides: tuple[str, ...] = ()
     gated_steps: int = 100
+    settle_layers_at: int | None = None  # pruning.settle_layers_at, scaled with gated_steps on the smoke model
 
 
 # the default's controller, then one change at a time (docs/gates.md, section 6: the causes to test)
@@ -47,6 +49,9 @@ PROTOCOLS = (
     Protocol("hold_300", ("pruning.target_warmup_steps=50",), 300),  # the same ramp, then 250 steps at the target
     Protocol("slow_300", ("pruning.gate_lr=0.1", "pruning.lagrangian_lr=0.05", "pruning.target_warmup_steps=100"),
              300),  # l0_budget's rates, given time to settle
+    # the hold, with the layer gates decided at gated step 100 (the expected number per stack) and held, so the widths
+    # meet the target around settled layers for the last 200 steps; evaluated with CoFi's expected-size mask
+    Protocol("settle_300", ("pruning.target_warmup_steps=50", "pruning.eval_gate_mode=expected_size"), 300, 100),
 )
 
 
@@ -69,11 +74,18 @@ class Cell:
     def gated_steps(self) -> int:
         return max(4, round(self.protocol.gated_steps * 0.04)) if self.quick else self.protocol.gated_steps
 
+    @property
+    def settle(self) -> list[str]:
+        at = self.protocol.settle_layers_at
+        if at is None:
+            return []
+        return [f"pruning.settle_layers_at={max(1, round(at * self.gated_steps / self.protocol.gated_steps))}"]
+
     def args(self, runs: Path) -> list[str]:
         quick = self.quick
         base = [o for o in self.setting.base if not o.startswith("gated_steps=")]
         return ["pruning=speed", f"pruning.target_latency={self.target}", *base, f"gated_steps={self.gated_steps}",
-                *self.protocol.overrides, f"trainer.log_every_n_steps={2 if quick else 10}", "finetune.steps=0", "export.formats=[hf]",
+                *self.protocol.overrides, *self.settle, f"trainer.log_every_n_steps={2 if quick else 10}", "finetune.steps=0", "export.formats=[hf]",
                 "report.speed=false", f"seed={self.seed}", f"hydra.run.dir={runs / self.name}"]
 
 
@@ -109,9 +121,74 @@ def run_cell(cell: Cell, runs: Path, results: Path) -> dict:
         "export": {"val_bleu": metrics["bleu"], "kept": metrics["kept"]},
         "wall_s": round(time.time() - start, 1), "machine": machine(),
     }
+    record.update(final_gates(run, cell.target))
+    if not cell.quick:  # the suite's smoke cells are not scored on the embedded corpus
+        record["masks_val_bleu"] = masks_bleu(run)
     results.mkdir(parents=True, exist_ok=True)
     (results / f"{cell.name}.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
+
+
+def final_gates(run: Path, target: float) -> dict:
+    """From a cell's last checkpoint, priced by the latency fit its run used (``metrics.json`` ``costs``): each
+    deterministic mask's latency (``CostBudget.report``: log_alpha > 0 and the expected size per kind, each with the
+    plan's floor) and what it keeps, and the layer gates' log_alpha."""
+    from gatedprune.costs.linear import LinearCost, StructureCosts
+    from gatedprune.methods.budget import CostBudget
+    from gatedprune.structures.head_gates import PLAN_MODES
+    from gatedprune.structures.kinds import LAYER_KINDS
+    from gatedprune.training.checkpoints import load_gated_checkpoint
+
+    fit = json.loads((run / "metrics.json").read_text())["costs"]
+    model, gates = load_gated_checkpoint(run / "checkpoints" / "last.ckpt")
+    gates.set_costs("latency", StructureCosts.of_linear(LinearCost("latency", fit["base"], fit["coefficients"]),
+                                                        model, gates))
+    report = CostBudget(gates, "latency", target, 0).report()["latency"]
+    return {**{f"{rule}_kept": report[f"{rule}_kept"] for rule in PLAN_MODES},
+            "masks": {rule: gates.alive(gates.plan(rule, note=False)) for rule in PLAN_MODES},
+            "layer_log_alpha": {kind: [round(g.log_alpha.item(), 4) for g, k in zip(gates.gates, gates.kinds)
+                                       if k == kind] for kind in LAYER_KINDS if kind in gates.kinds}}
+
+
+def masks_bleu(run: Path) -> dict[str, float]:
+    """Validation BLEU of the gated model in each plan mode, scored as the model its plan cuts (the same function:
+    tests/test_plan_modes.py), by ``gatedprune-evaluate``'s scorer on the trainer's default data."""
+    import shutil
+    import tempfile
+
+    from gatedprune.reports.evaluate import evaluate_dir
+    from gatedprune.shipping.export_dir import save_pruned
+    from gatedprune.structures.head_gates import PLAN_MODES
+    from gatedprune.surgery.cut import prune_heads
+    from gatedprune.training.checkpoints import load_gated_checkpoint
+
+    scores = {}
+    for rule in PLAN_MODES:
+        model, gates = load_gated_checkpoint(run / "checkpoints" / "last.ckpt")
+        plan = gates.plan(rule, note=False)
+        gates.remove()
+        with tempfile.TemporaryDirectory(prefix="gates-") as work:
+            save_pruned(prune_heads(model, plan), work)
+            for file in (run / "tokenizer").iterdir():
+                shutil.copy(file, work)
+            scores[rule] = evaluate_dir(work, "validation", [], None, None)["bleu"]
+    return scores
+
+
+def rescore(results: Path, runs: Path, bleu: bool = False) -> list[str]:
+    """The final gates of every cell whose run is here, into its json (cells measured before these fields); with
+    ``bleu``, also each plan mode's validation BLEU (``masks_bleu``)."""
+    done = []
+    for r in records(results):
+        run = runs / r["cell"]
+        if not (run / "checkpoints" / "last.ckpt").is_file():
+            continue
+        r.update(final_gates(run, r["target"]))
+        if bleu:
+            r["masks_val_bleu"] = masks_bleu(run)
+        (results / f"{r['cell']}.json").write_text(json.dumps(r, indent=2) + "\n")
+        done.append(r["cell"])
+    return done
 
 
 def records(results: Path) -> list[dict]:
@@ -123,7 +200,8 @@ def records(results: Path) -> list[dict]:
 
 
 def _off(value: float, target: float) -> str:
-    return f"{value:.3f} ({100 * (value - target) / target:+.1f}%)"
+    off = round(100 * (value - target) / target, 1) + 0.0  # + 0.0: a rounded -0.0 prints as +0.0
+    return f"{value:.3f} ({off:+.1f}%)"
 
 
 def table(results: Path) -> str:
@@ -131,21 +209,32 @@ def table(results: Path) -> str:
     for r in records(results):
         layers = (f"{r['gated']['kept']['encoder_layer']} + {r['gated']['kept']['decoder_layer']} / "
                   f"{r['export']['kept']['encoder_layer']} + {r['export']['kept']['decoder_layer']}")
+        size = r.get("expected_size_kept")
+        masks = r.get("masks", {}).get("expected_size")
+        bleu = r.get("masks_val_bleu")
         rows.append([r["protocol"], r["target"], r["seed"], r["gated_steps"], _off(r["expected_kept"], r["target"]),
-                     _off(r["binary_kept"], r["target"]), _off(r["plan_kept"], r["target"]),
-                     f"{r['gated']['val_bleu']:.2f} / {r['export']['val_bleu']:.2f}", layers, r["decided_by_rule"]])
-    return markdown_table(["protocol", "target", "seed", "gated steps", "expected kept", "deterministic gates",
-                           "export", "val BLEU gated / export", "layers enc + dec, gated / export",
-                           "decided unlike log_alpha > 0"], rows)
+                     _off(r["binary_kept"], r["target"]), _off(size, r["target"]) if size is not None else "-",
+                     _off(r["plan_kept"], r["target"]),
+                     f"{bleu['binary']:.2f} / {bleu['expected_size']:.2f} / {r['export']['val_bleu']:.2f}" if bleu
+                     else f"{r['gated']['val_bleu']:.2f} / - / {r['export']['val_bleu']:.2f}", layers,
+                     f"{masks['encoder_layer']} + {masks['decoder_layer']}" if masks else "-",
+                     ", ".join(f"{a:.2f}" for a in r.get("layer_log_alpha", {}).get("decoder_layer", [])) or "-",
+                     r["decided_by_rule"]])
+    return markdown_table(["protocol", "target", "seed", "gated steps", "expected kept", "log_alpha > 0",
+                           "expected size", "export",
+                           "val BLEU log_alpha > 0 / expected size / export", "layers enc + dec, gated / export",
+                           "layers, expected size", "decoder layers' log_alpha", "decided unlike log_alpha > 0"], rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("stage", choices=["run", "table", "quick"],
-                        help="quick: every protocol on the smoke model, a few steps (the suite's check)")
+    parser.add_argument("stage", choices=["run", "rescore", "table", "quick"],
+                        help="rescore: the final gates of the cells whose runs are here, into their jsons; quick: "
+                             "every protocol on the smoke model, a few steps (the suite's check)")
     parser.add_argument("--runs", type=Path, default=Path("runs/gates"))
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--cell", default=None, help="one cell by name")
+    parser.add_argument("--bleu", action="store_true", help="rescore: each plan mode's validation BLEU too")
     args = parser.parse_args(argv)
     runs = args.runs.resolve()
     setting = recovery._quick(runs) if args.stage == "quick" else recovery.REAL
@@ -159,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{cell.name}: done (in {args.results})")
                 continue
             run_cell(cell, runs, args.results)
+    if args.stage == "rescore":
+        print("rescored: " + (", ".join(rescore(args.results, runs, args.bleu)) or "none (no run of a cell here)"))
     write_readme(args.results, "Gated phases against their latency target (benchmarks/gates.py)",
                  "Fractions of the dense model's predicted latency at the end of the gated phase, and how far off "
                  "the target; validation BLEU before any fine-tuning.", table(args.results))

@@ -260,7 +260,7 @@ def latency_command(argv: Sequence[str] | None = None) -> int:
 
     def run() -> None:
         from gatedprune.costs import table
-        from gatedprune.costs.latency import fit_error, fit_latency
+        from gatedprune.costs.latency import LatencyFitError, fit_error, fit_latency
         from gatedprune.costs.timers import TIMERS
         from gatedprune.surgery.model_loading import load_seq2seq
 
@@ -276,7 +276,10 @@ def latency_command(argv: Sequence[str] | None = None) -> int:
             raise ValueError(re.sub(r"pruning\.workload\.(\w+)", lambda m: "--" + m[1].replace("_", "-"), str(err)))
         model = load_seq2seq(args.model_dir).float().eval()
         key = table.key(model, workload)
-        cost, probes = fit_latency(model, workload, TIMERS[workload.runtime])
+        try:
+            cost, probes = fit_latency(model, workload, TIMERS[workload.runtime])
+        except LatencyFitError as err:  # its settings are this command's flags
+            raise err.for_command() from None
         table.save(out, key, cost, probes)
         print(f"wrote {out}: {1000 * cost.base:.2f} ms per call + per structure "
               + ", ".join(f"{k} {1000 * v:.4f} ms" for k, v in cost.coefficients.items()) + f" ({key['device']}; "

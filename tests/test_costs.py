@@ -296,22 +296,29 @@ def test_the_export_rule_keeps_a_plan_within_the_target(bart3, kinds):
         gates.remove()
 
 
-def test_the_budget_prices_the_deterministic_gates_and_the_export_plan_as_the_models_they_cut(bart3):
-    """``CostBudget.report``: the binary gates' and the export plan's costs are those of the models they cut."""
+@pytest.mark.parametrize("decoder", ["one layer open", "every layer closed"])
+def test_the_budget_prices_the_deterministic_gates_and_the_export_plan_as_the_models_they_cut(bart3, decoder):
+    """``CostBudget.report``: each deterministic mask's cost and the export plan's are those of the models they cut,
+    also when every decoder layer gate is closed (the plan's floor reopens one, and so does the priced mask)."""
     model = copy.deepcopy(bart3)
     cost = LinearCost("latency", BASE, TRUE)
     gates = _random_gates(model, ALL_KINDS, seed=2)
     try:
         decoder_layers = [i for i, kind in enumerate(gates.kinds) if kind == "decoder_layer"]
-        gates.gates[decoder_layers[0]].log_alpha.data.fill_(2.0)  # a decoder layer open: no plan reopens one
+        for i in decoder_layers:
+            gates.gates[i].log_alpha.data.fill_(-1.0 - i / 10)  # closed under log_alpha > 0, P(open) about 0.4
+        if decoder == "one layer open":
+            gates.gates[decoder_layers[0]].log_alpha.data.fill_(2.0)
         gates.set_costs("latency", StructureCosts.of_linear(cost, model, gates))
         budget = CostBudget(gates, "latency", 0.6, warmup_steps=0)
         report = budget.report()["latency"]
         dense = cost.of(bart3)
-        for key, keep in (("binary_kept", gates.keep_mask("binary")),
-                          ("plan_kept", gates.keep_mask("latency", budget.kept_allowed))):
-            pruned = prune_heads(copy.deepcopy(bart3), gates.plan(keep=keep, note=False))
+        for key, plan in (("binary_kept", gates.plan("binary", note=False)),
+                          ("expected_size_kept", gates.plan("expected_size", note=False)),
+                          ("plan_kept", gates.plan("latency", budget.kept_allowed, note=False))):
+            pruned = prune_heads(copy.deepcopy(bart3), plan)
             assert report[key] == pytest.approx(cost.of(pruned) / dense, rel=1e-6), key
+            assert len(plan[probe(bart3).layers["decoder"]]) >= 1, key
         assert report["plan_kept"] <= 0.6 + 1e-9 and report["binary_kept"] != pytest.approx(report["plan_kept"])
         assert report["expected_kept"] == pytest.approx(budget.expected_fraction().item())
     finally:
@@ -365,6 +372,20 @@ def test_gatedprune_latency_writes_a_table_a_run_elsewhere_takes(bart3, tmp_path
     assert latency_command([str(tmp_path / "model"), str(tmp_path / "bad.json"), "--fit-tolerance", "0"]) == 2
     assert "error: --fit-tolerance=0.0; allowed: a fraction > 0" in capsys.readouterr().err
     assert not (tmp_path / "bad.json").exists()
+
+
+def test_gatedprune_latency_refuses_a_loaded_fit_naming_its_own_flags(bart3, tmp_path, monkeypatch, capsys):
+    from gatedprune.cli import latency_command
+    from gatedprune.costs import timers
+
+    bart3.save_pretrained(tmp_path / "model")
+    monkeypatch.setitem(timers.TIMERS, "torch", _loaded([2.0, 1.6]))
+    out = tmp_path / "table.json"
+    assert latency_command([str(tmp_path / "model"), str(out), "--repeats", "1", "--fit-attempts", "2"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: the latency fit misses its probe ")
+    assert "after 2 timings of its probes (--fit-tolerance=0.2)" in err[0] and "(--fit-attempts)" in err[0]
+    assert "pruning.workload" not in err[0] and not out.exists()
 
 
 def test_a_cached_fit_that_misses_its_probes_is_reused_with_a_warning(bart3, tmp_path, capsys):

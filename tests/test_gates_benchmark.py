@@ -34,10 +34,20 @@ def test_every_protocol_is_recorded_with_its_three_costs_beside_the_target(tmp_p
         metrics = json.loads((run / "metrics.json").read_text())
         assert record["export"]["kept"] == metrics["kept"] and record["gated"]["kept"] == metrics["gated"]["kept"]
         assert f"gated_steps={record['gated_steps']}" in record["command"]
+        # one definition: what log_alpha > 0 keeps, as priced, is what the gated model was counted as keeping
+        assert {k: n for k, n in record["masks"]["binary"].items() if k != "total"} == metrics["gated"]["kept"]
+        assert record["binary_kept"] == pytest.approx(metrics["budget"]["latency"]["binary_kept"])
+        fit = metrics["costs"]  # the run's own fit prices those counts (every kind gated; latency has no phantom)
+        price = lambda n: fit["base"] + sum(c * n[k] for k, c in fit["coefficients"].items())  # noqa: E731
+        for rule in ("binary", "expected_size"):
+            assert record[f"{rule}_kept"] == pytest.approx(price(record["masks"][rule]) / price(metrics["kept_total"]))
+        assert record["expected_size_kept"] == pytest.approx(metrics["budget"]["latency"]["expected_size_kept"])
+        assert record["masks"]["binary"]["decoder_layer"] >= 1 and record["masks"]["expected_size"]["decoder_layer"] >= 1
+        assert len(record["layer_log_alpha"]["decoder_layer"]) == metrics["kept_total"]["decoder_layer"]
     row = next(line for line in (results / "README.md").read_text().splitlines() if line.startswith("| default |"))
     first = records[0]
-    off = 100 * (first["binary_kept"] - first["target"]) / first["target"]
-    assert f"| {first['binary_kept']:.3f} ({off:+.1f}%) |" in row
+    assert f"| {bench._off(first['binary_kept'], first['target'])} |" in row
+    assert bench._off(0.5499, 0.55) == "0.550 (+0.0%)" and bench._off(0.5, 0.55) == "0.500 (-9.1%)"
     # run again: every cell is already there
     capsys.readouterr()
     assert bench.main(["quick", "--runs", str(runs), "--results", str(results)]) == 0

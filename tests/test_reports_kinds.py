@@ -113,8 +113,9 @@ def test_the_final_table_has_a_row_per_stack_for_units_and_layers(run):
         "layers alive: decoder") < labels.index("parameters")
     budget = metrics["budget"]["params"]
     assert (f"parameter budget: target 0.5 of the non-embedding parameters, expected kept at the end "
-            f"{budget['expected_kept']:.3g}, by the deterministic gates (log_alpha > 0) {budget['binary_kept']:.3g}; "
-            f"the export keeps the most open structures that fit the target ({budget['plan_kept']:.3g})" in table)
+            f"{budget['expected_kept']:.3g}, by the deterministic gates (log_alpha > 0) {budget['binary_kept']:.3g}, "
+            f"by the expected size per kind {budget['expected_size_kept']:.3g}; the export keeps the most open "
+            f"structures that fit the target ({budget['plan_kept']:.3g})" in table)
     assert budget["plan_kept"] == pytest.approx(report["predicted"]["params"])  # the export's own count
     # logged at every gated validation, the last one the same as metrics.json's
     rows = [row for row in csv.DictReader(io.StringIO((run_dir / "csv" / "metrics.csv").read_text()))

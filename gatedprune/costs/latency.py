@@ -96,7 +96,26 @@ def fit_error(table: list[dict]) -> float:
 
 
 class LatencyFitError(RunFailed):
-    """The probes' timings disagree with any additive fit beyond ``workload.fit_tolerance`` after every timing."""
+    """The probes' timings disagree with any additive fit beyond ``workload.fit_tolerance`` after every timing.
+    Its settings are named as a run takes them (``pruning.workload.*``), or as ``gatedprune-latency`` does
+    (``for_command``)."""
+
+    def __init__(self, probe: str, error: float, attempts: int, tolerance: float, command: bool = False):
+        self.probe, self.error, self.attempts, self.tolerance, self.command = probe, error, attempts, tolerance, command
+        if command:
+            tolerance_key, attempts_key, elsewhere = ("--fit-tolerance", "--fit-attempts",
+                                                      "or run this command where the model will be served")
+        else:
+            tolerance_key, attempts_key, elsewhere = ("pruning.workload.fit_tolerance", "pruning.workload.fit_attempts",
+                                                      "or give a fit measured elsewhere (pruning.workload.table=, "
+                                                      "written by gatedprune-latency)")
+        super().__init__(
+            f"the latency fit misses its probe {probe!r} by {error:.0%} after {attempts} timings of its probes "
+            f"({tolerance_key}={tolerance:g}): their times follow the machine's load, not the structures; time them "
+            f"on a quieter machine, allow more timings ({attempts_key}), {elsewhere}")
+
+    def for_command(self) -> "LatencyFitError":
+        return LatencyFitError(self.probe, self.error, self.attempts, self.tolerance, command=True)
 
 
 def fit_latency(model: nn.Module, workload: Workload, timer) -> tuple[LinearCost, list[dict]]:
@@ -125,8 +144,4 @@ def fit_latency(model: nn.Module, workload: Workload, timer) -> tuple[LinearCost
             print(f"note: the latency fit misses its probe {worst!r} by {error:.0%} (pruning.workload.fit_tolerance="
                   f"{workload.fit_tolerance:g}; a busy machine?): timing the probes again ({attempt + 1} of "
                   f"{workload.fit_attempts}), fitting the median of every timing")
-    raise LatencyFitError(
-        f"the latency fit misses its probe {worst!r} by {error:.0%} after {workload.fit_attempts} timings of its "
-        f"probes (pruning.workload.fit_tolerance={workload.fit_tolerance:g}): their times follow the machine's load, "
-        "not the structures; time them on a quieter machine, allow more timings (pruning.workload.fit_attempts), or "
-        "give a fit measured elsewhere (pruning.workload.table=, written by gatedprune-latency)")
+    raise LatencyFitError(worst, error, workload.fit_attempts, workload.fit_tolerance)

@@ -121,8 +121,9 @@ class StructureCosts:
         """The flat keep mask (N,) of the most open structures whose kept prunable cost does not exceed
         ``allowed``: gates are taken by log_alpha, largest first, a head or unit ranked no higher than its layer (it
         is kept only with it); a layer costs its fixed part, its content is paid for gate by gate. One that does not
-        fit is passed over for smaller ones after it. What emptied attention modules still cost (their phantom head)
-        is paid after: while it does not fit, the fill is redone with that much less allowed."""
+        fit is passed over for smaller ones after it. A gate settled closed (``HeadGates.settle_``) is a decision,
+        not a rank: it is never taken, however little it costs. What emptied attention modules still cost (their
+        phantom head) is paid after: while it does not fit, the fill is redone with that much less allowed."""
         scores = gates.per_site(gates.log_alpha())
         order = []  # (score, site, gate)
         for i, score in enumerate(scores):
@@ -148,9 +149,10 @@ class StructureCosts:
         if forced is not None:
             keep[forced][0] = True
             spent += self.fixed[forced]
+        settled = getattr(gates, "settled", {})
         for _, i, j in order:
-            if i == forced:
-                continue
+            if i == forced or settled.get(gates.paths[i], [1.0] * (j + 1))[j] < 0:
+                continue  # the forced layer is paid for; a gate settled closed stays closed
             outer = gates.outer[i]
             if outer is not None and not keep[outer][0]:
                 continue  # its layer did not fit

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from gatedprune.structures.adapters import ATTENTION_KINDS
-from gatedprune.structures.head_gates import HeadGates
+from gatedprune.structures.head_gates import PLAN_MODES, HeadGates
 
 TargetSpec = int | float | dict
 
@@ -180,12 +180,14 @@ class CostBudget(_Lagrangian):
 
     @torch.no_grad()
     def report(self) -> dict[str, dict[str, float]]:
-        """The target beside three costs of where the gates are: expected (what the Lagrangian drives), the
-        deterministic gates' (log_alpha > 0: the gated model in eval mode) and the export's plan (the most open
-        structures that fit the target)."""
+        """The target beside four costs of where the gates are: expected (what the Lagrangian drives), the two
+        deterministic masks the gated model is evaluated with (``pruning.eval_gate_mode``: log_alpha > 0, and
+        CoFiPruning's expected size per kind), each as its plan keeps it (the decoder's floor included), and the
+        export's plan (the most open structures that fit the target)."""
         gates = self.gates[0]
         return {self.unit: {"target": self.target, "expected_kept": self.expected_fraction().item(),
-                            "binary_kept": self.kept_fraction(gates.keep_mask("binary")),
+                            **{f"{rule}_kept": self.kept_fraction(torch.cat(gates.plan_mask(rule, note=False)))
+                               for rule in PLAN_MODES},
                             "plan_kept": self.kept_fraction(gates.keep_mask(self.unit, self.kept_allowed))}}
 
     def forward(self, gated_step: int) -> torch.Tensor:

@@ -31,9 +31,9 @@ from gatedprune.costs.build import gate_costs
 from gatedprune.costs.workload import Workload
 from gatedprune.methods.budget import CostBudget, HeadBudget, resolve_targets
 from gatedprune.shipping.export_dir import check_out_dir
-from gatedprune.structures.hard_concrete import GATE_MODES, GateOptions
-from gatedprune.structures.head_gates import PENALTY_NORMALISATIONS, HeadGates
-from gatedprune.structures.kinds import ATTENTION_KINDS
+from gatedprune.structures.hard_concrete import GateOptions
+from gatedprune.structures.head_gates import MODES, PENALTY_NORMALISATIONS, HeadGates
+from gatedprune.structures.kinds import ATTENTION_KINDS, LAYER_KINDS
 from gatedprune.structures.uniform import per_layer_count, uniform_kinds
 from gatedprune.training.checkpoints import untrained_beyond
 from gatedprune.utils import check_numbers
@@ -50,7 +50,9 @@ class GatedPruning(Method):
     shows_reference: ClassVar[bool] = True  # one shipped model, one final table (methods.gated_run)
     start_step: int = 0  # dense phase: gates open and no penalty before this optimiser step
     gate_lr: float = 0.1
-    eval_gate_mode: str = "binary"  # validation computes the function that export would keep
+    # validation's gates: "binary" (log_alpha > 0) or "expected_size" (CoFi's deterministic mask) with the plan's
+    # floor and shapes, the function that rule's export computes; or a soft mode ("deterministic")
+    eval_gate_mode: str = "binary"
     # end the gated phase once the plan export would keep (export_rule) has not changed for this many validations in
     # a row, counted from settles_from(); None: run to trainer.max_steps. Every gated validation records how many
     # heads changed side and how many gates are unsettled
@@ -59,6 +61,10 @@ class GatedPruning(Method):
     # anneal the gates' temperature geometrically from gates.temperature to this over the gated phase (None: fixed);
     # a lower temperature makes the samples closer to 0 or 1, so training sees the binary plan's noise less
     final_temperature: float | None = None
+    # at this gated step, decide the layer gates by the expected size (round(sum of P(open)) per stack, the most open
+    # ones) and hold them for the rest of the gated phase, so the widths meet the budget around layers that are
+    # settled (layers decided apart from widths, as NASH does); null: the layer gates train to the end
+    settle_layers_at: int | None = None
     # distill (from Method): distillation from the dense model while gating
 
     def __post_init__(self) -> None:
@@ -72,9 +78,18 @@ class GatedPruning(Method):
             raise ValueError(f"pruning.stop_when_stable={self.stop_when_stable}; allowed: null or an integer >= 1")
         if self.final_temperature is not None and not (0 < self.final_temperature < math.inf):
             raise ValueError(f"pruning.final_temperature={self.final_temperature}; allowed: null or a number > 0")
+        if self.settle_layers_at is not None:
+            if isinstance(self.settle_layers_at, bool) or not isinstance(self.settle_layers_at, int) or \
+                    self.settle_layers_at < 1:
+                raise ValueError(f"pruning.settle_layers_at={self.settle_layers_at}; allowed: null or an integer >= 1 "
+                                 "(a gated step)")
+            if not any(kind in LAYER_KINDS for kind in self.kinds):
+                raise ValueError(f"pruning.settle_layers_at={self.settle_layers_at} settles the layer gates, and "
+                                 f"pruning.kinds={list(self.kinds)} has none; allowed: with encoder_layer or "
+                                 "decoder_layer in pruning.kinds, or null")
         self._gated_steps: int | None = None  # set by check_schedule: trainer.max_steps - start_step
-        if self.eval_gate_mode not in GATE_MODES:
-            raise ValueError(f"pruning.eval_gate_mode={self.eval_gate_mode!r}; allowed: {', '.join(GATE_MODES)}")
+        if self.eval_gate_mode not in MODES:
+            raise ValueError(f"pruning.eval_gate_mode={self.eval_gate_mode!r}; allowed: {', '.join(MODES)}")
         uniform_kinds(self.kinds, self.uniform_heads, self.uniform_ffn)  # refuses an option with nothing to shape
         self.cost_dirs: list[Path] = []  # where cost fits are cached and looked up (train.py adds a fork's source)
 
@@ -119,6 +134,15 @@ class GatedPruning(Method):
         gates are attached to ``model``: it also gives them the plan's shape (``uniform_heads``, ``uniform_ffn``)."""
         gates.set_uniform(self.uniform_heads, self.uniform_ffn)
         return None
+
+    def before_step(self, gates: HeadGates, gated_step: int) -> None:
+        """Called before each gated step: the layer gates are settled at ``settle_layers_at`` (once; a resumed run
+        finds them settled in its checkpoint)."""
+        if self.settle_layers_at is not None and gated_step >= self.settle_layers_at:
+            layers = [kind for kind in LAYER_KINDS if kind in gates.kinds]
+            if not all(path in gates.settled for path, kind in zip(gates.paths, gates.kinds) if kind in layers):
+                print(f"gated step {gated_step}: ", end="")
+                gates.settle_(layers)
 
     def penalty(self, gates: HeadGates, state: nn.Module | None, gated_step: int) -> tuple[torch.Tensor, dict]:
         """The term added to the cross-entropy at a gated step, and what to log about it."""
@@ -180,6 +204,10 @@ class GatedPruning(Method):
         """Refuse a schedule the method cannot work in, and note the gated phase's length (called at set-up with
         ``trainer.max_steps``)."""
         self._gated_steps = max_steps - self.start_step if max_steps and max_steps > 0 else None
+        if self.settle_layers_at is not None and self._gated_steps and self.settle_layers_at >= self._gated_steps:
+            raise ValueError(f"pruning.settle_layers_at={self.settle_layers_at} is not inside the gated phase "
+                             f"({self._gated_steps} steps: trainer.max_steps={max_steps} - pruning.start_step="
+                             f"{self.start_step}); allowed: an integer in [1, {self._gated_steps - 1}], or null")
         if self.final_temperature is not None and not self._gated_steps:
             raise ValueError(f"pruning.final_temperature={self.final_temperature} anneals over the gated phase, which "
                              f"has no end (trainer.max_steps={max_steps}); allowed: a trainer.max_steps > "

@@ -244,8 +244,9 @@ def final_table(metrics: dict) -> str:
             name, what = COST_WORDS[group]
             notes.append(f"{name} budget: target {state['target']:.3g} of the {what}, expected kept at the end "
                          f"{state['expected_kept']:.3g}, by the deterministic gates (log_alpha > 0) "
-                         f"{state['binary_kept']:.3g}; the export keeps the most open structures that fit the target "
-                         f"({state['plan_kept']:.3g})")
+                         f"{state['binary_kept']:.3g}, by the expected size per kind "
+                         f"{state.get('expected_size_kept', float('nan')):.3g}; the export keeps the most open "
+                         f"structures that fit the target ({state['plan_kept']:.3g})")
         else:
             notes.append(f"head budget ({group}): target {state['target']}, expected open heads at the end "
                          f"{state['expected_open']:.1f}; the export keeps exactly the target (top-k)")

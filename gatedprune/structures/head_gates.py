@@ -11,6 +11,7 @@ path (CoFiPruning's expected model size), and a plan drops what lies inside a dr
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 
 import torch
@@ -24,10 +25,16 @@ from gatedprune.structures.sites import structure_sites
 from gatedprune.structures.uniform import even_out, uniform_kinds
 
 PENALTY_NORMALISATIONS = ("layer_mean", "sum", "head_mean", "params")
-RULES = ("binary", "top-k")  # how gates become a plan: log_alpha > 0, or the k largest log_alpha
+# how gates become a plan: log_alpha > 0; the k largest log_alpha; per kind, the round(sum of P(open)) largest
+# (CoFiPruning's deterministic mask, which keeps the expected size)
+RULES = ("binary", "top-k", "expected_size")
 # and, for a budget in a cost unit: the most open structures whose cost fits (top_k: the prunable cost kept)
 COST_UNITS = ("params", "flops", "latency")
 PLAN_RULES = (*RULES, *COST_UNITS)
+# modes in which every gate is its plan's keep mask (0 or 1), the decoder's floor and uniform shapes included, so
+# the gated model in eval mode computes what that rule's export computes
+PLAN_MODES = ("binary", "expected_size")
+MODES = (*GATE_MODES, *(m for m in PLAN_MODES if m not in GATE_MODES))
 
 
 class HeadGates(nn.Module):
@@ -53,6 +60,8 @@ class HeadGates(nn.Module):
         self.layers_paths = {s.kind: s.layers_path for s in sites if KINDS[s.kind].structure == "layer"}
         self.gates = nn.ModuleList(HardConcreteGate(s.num_units // g, options) for s, g in zip(sites, self.group_sizes))
         self.mode = "sample"
+        self._mask: tuple[tuple, list[torch.Tensor]] | None = None  # (log_alpha versions, mode): the plan mode's mask
+        self.settled: dict[str, list[float]] = {}  # path -> the log_alpha its gates are held at (``settle_``)
         self.uniform: tuple[str, ...] = ()  # kinds whose layers all keep one count (``set_uniform``)
         # the layer gate whose layer holds site i (None: its layer is not gated, or it is a layer)
         layer_gate = {(self.stacks[i], self.layers[i]): i for i, st in enumerate(self.structures) if st == "layer"}
@@ -67,17 +76,30 @@ class HeadGates(nn.Module):
         gate, size = self.gates[i], self.group_sizes[i]
 
         def value(training: bool) -> torch.Tensor:
-            g = gate.value(self.mode, training)  # (G,)
+            if self.mode in PLAN_MODES:
+                g = self.mode_mask()[i].to(device=gate.log_alpha.device, dtype=gate.log_alpha.dtype)  # (G,)
+            else:
+                g = gate.value(self.mode, training)  # (G,)
             return g.repeat_interleave(size) if size > 1 else g  # (units,)
 
         return value
 
     def set_mode(self, mode: str) -> "HeadGates":
-        """"sample" (noise while training, deterministic in eval), "deterministic", "binary" or "open" (all 1)."""
-        if mode not in GATE_MODES:
-            raise ValueError(f"unknown gate mode {mode!r}; allowed: {', '.join(GATE_MODES)}")
+        """"sample" (noise while training, deterministic in eval), "deterministic" (the stretched sigmoid), "open"
+        (all 1), or a plan's keep mask: "binary" (log_alpha > 0) or "expected_size" (``keep_mask``), each with the
+        decoder's floor and the uniform shapes of ``plan``."""
+        if mode not in MODES:
+            raise ValueError(f"unknown gate mode {mode!r}; allowed: {', '.join(MODES)}")
         self.mode = mode
         return self
+
+    @torch.no_grad()
+    def mode_mask(self) -> list[torch.Tensor]:
+        """Per site, the keep mask (G,) of the plan mode's rule, made again only when a log_alpha has changed."""
+        key = (self.mode, tuple(gate.log_alpha._version for gate in self.gates))
+        if self._mask is None or self._mask[0] != key:
+            self._mask = (key, self.plan_mask(self.mode, note=False))
+        return self._mask[1]
 
     def set_uniform(self, heads: bool = False, ffn: bool = False) -> "HeadGates":
         """Every plan keeps one head count per layer of each attention kind (``heads``), one FFN width per stack
@@ -196,12 +218,26 @@ class HeadGates(nn.Module):
         return torch.nonzero(self.gates[site].binary()).flatten().tolist()
 
     # ---- gates -> plan ---------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def expected_counts(self) -> dict[str, int]:
+        """Per gated kind, its expected number of open gates rounded, nested as the budget counts it (a gate inside
+        a gated layer counts P(gate) x P(layer)): the size CoFiPruning's deterministic mask keeps of each kind."""
+        sums = Counter()
+        for i, kind in enumerate(self.kinds):
+            sums[kind] += self.p_open_nested(i).sum().item()
+        return {kind: int(math.floor(total + 0.5)) for kind, total in sums.items()}
+
     def keep_mask(self, rule: str = "binary", top_k: int | dict[str, int] | None = None) -> torch.Tensor:
         """Which gates a rule keeps, flat (N,), before nesting: ``binary`` keeps log_alpha > 0 (Voita et al.);
         ``top-k`` the ``top_k`` largest log_alpha of "total" (the heads), or per group with ``{kind: k}`` (k counts
-        gates; groups it does not name follow the binary rule). Ties: the earlier gate wins."""
+        gates; groups it does not name follow the binary rule); ``expected_size`` is top-k with k of each kind
+        ``expected_counts`` (CoFiPruning's deterministic mask). Ties: the earlier gate wins."""
         if rule not in PLAN_RULES:
             raise ValueError(f"unknown gate rule {rule!r}; allowed: {', '.join(RULES)}")
+        if rule == "expected_size":
+            if top_k is not None:
+                raise ValueError("top_k is only used by rule='top-k'")
+            rule, top_k = "top-k", self.expected_counts()
         if rule in COST_UNITS:
             if rule not in self.costs:
                 raise ValueError(f"rule {rule!r}: these gates have no {rule} costs yet (HeadGates.set_costs)")
@@ -227,11 +263,29 @@ class HeadGates(nn.Module):
 
     def plan(self, rule: str = "binary", top_k: int | dict[str, int] | None = None, keep=None,
              note: bool = True) -> dict[str, list[int]]:
-        """The plan a rule keeps (see ``keep_mask``; ``keep``: a flat mask decided elsewhere):
-        ``{attention module path: kept heads, feed-forward output projection path: kept units, stack's layers path:
-        kept layers}``. A decoder whose every layer gate is closed keeps its most open layer, and says so. Kinds in
-        ``self.uniform`` then keep one count per layer (``uniform.even_out``; rounded down under the params rule)."""
+        """The plan a rule keeps (``plan_mask``): ``{attention module path: kept heads, feed-forward output projection
+        path: kept units, stack's layers path: kept layers}``."""
+        plan: dict[str, list[int]] = {}
+        for i, kept in enumerate(self.plan_mask(rule, top_k, keep, note)):
+            if self.structures[i] == "layer":
+                plan.setdefault(self.layers_paths[self.kinds[i]], [])
+                if kept.item():
+                    plan[self.layers_paths[self.kinds[i]]].append(self.layers[i])
+            else:
+                size = self.group_sizes[i]
+                plan[self.paths[i]] = [g * size + j for g in torch.nonzero(kept).flatten().tolist() for j in range(size)]
+        return plan
+
+    @torch.no_grad()
+    def plan_mask(self, rule: str = "binary", top_k: int | dict[str, int] | None = None, keep=None,
+                  note: bool = True) -> list[torch.Tensor]:
+        """Per site, the gates a plan keeps (G,) bool: a rule's ``keep_mask`` (``keep``: a flat mask decided
+        elsewhere), then the plan's own rules. A decoder whose every layer gate is closed keeps its most open layer,
+        and says so. Kinds in ``self.uniform`` then keep one count per layer (``uniform.even_out``; rounded down
+        under the params rule). Structures inside a layer the plan drops are kept here; the plan drops them."""
         round_down = keep is None and rule in COST_UNITS  # a cost budget stays met
+        if rule == "expected_size":
+            rule, top_k = "top-k", self.expected_counts()
         keep = self.keep_mask(rule, top_k) if keep is None else keep.clone()
         per_site = self.per_site(keep)
         for kind, path in self.layers_paths.items():
@@ -245,16 +299,7 @@ class HeadGates(nn.Module):
         if self.uniform:
             targets = top_k if rule == "top-k" and isinstance(top_k, dict) else None
             per_site = even_out(self, per_site, self.uniform, round_down, targets, note)
-        plan: dict[str, list[int]] = {}
-        for i, kept in enumerate(per_site):
-            if self.structures[i] == "layer":
-                plan.setdefault(self.layers_paths[self.kinds[i]], [])
-                if kept.item():
-                    plan[self.layers_paths[self.kinds[i]]].append(self.layers[i])
-            else:
-                size = self.group_sizes[i]
-                plan[self.paths[i]] = [g * size + j for g in torch.nonzero(kept).flatten().tolist() for j in range(size)]
-        return plan
+        return list(per_site)
 
     def dropped(self, plan: dict) -> set[tuple[str, int]]:
         """(stack, layer) of the layers a plan drops."""
@@ -311,23 +356,47 @@ class HeadGates(nn.Module):
         return self._per_kind([(self.p_open_nested(i).sum() * self.group_sizes[i]).item() for i in range(len(self.gates))])
 
     @torch.no_grad()
+    def settle_(self, kinds, note: bool = True) -> dict[str, list[int]]:
+        """Decide the gates of ``kinds`` now and hold them: each at log_alpha 10 (open) or -10 (closed) as the
+        expected-size plan keeps it (``plan_mask("expected_size")``, the decoder's floor included), from here on
+        (``clamp_`` puts them back after every step). Returns the layers kept per stack, for the kinds that are
+        layers."""
+        mask = self.plan_mask("expected_size", note=False)
+        kept: dict[str, list[int]] = {}
+        for i, kind in enumerate(self.kinds):
+            if kind in kinds:
+                self.settled[self.paths[i]] = [10.0 if k else -10.0 for k in mask[i].tolist()]
+                if self.structures[i] == "layer" and mask[i].item():
+                    kept.setdefault(self.stacks[i], []).append(self.layers[i])
+        self.clamp_()
+        if note:
+            print("note: the gates of " + ", ".join(kinds) + " are settled and held: kept layers "
+                  + "; ".join(f"{stack} {kept.get(stack, [])}" for stack in sorted({self.stacks[i] for i, k in
+                                                                                 enumerate(self.kinds) if k in kinds})))
+        return kept
+
+    @torch.no_grad()
     def clamp_(self) -> None:
-        for gate in self.gates:
+        for path, gate in zip(self.paths, self.gates):
             gate.clamp_()
+            if path in self.settled:
+                gate.log_alpha.copy_(torch.tensor(self.settled[path], dtype=gate.log_alpha.dtype))
 
     def extra_repr(self) -> str:
         counts = Counter(self.kinds)
         return ", ".join(f"{k}: {counts[k]} sites" for k in ALL_KINDS if k in counts) + f", {self.num_gates} gates"
 
     # the site layout travels with the weights, so a checkpoint says which module each gate belongs to
+    # (and which gates are settled, so a resumed run holds them too)
     def get_extra_state(self) -> dict:
-        return {"paths": self.paths, "kinds": self.kinds, "layers": self.layers}
+        return {"paths": self.paths, "kinds": self.kinds, "layers": self.layers, "settled": self.settled}
 
     def set_extra_state(self, state: dict) -> None:
         if state["paths"] != self.paths:
             raise ValueError(
                 f"checkpoint gates belong to modules {state['paths'][:3]}..., this model's to {self.paths[:3]}..."
             )
+        self.settled = {path: list(values) for path, values in (state.get("settled") or {}).items()}
 
 
 def attach_gates(model: nn.Module, kinds=ATTENTION_KINDS, ffn_group: int = 1, **gate_options) -> HeadGates:

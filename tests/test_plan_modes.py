@@ -1,0 +1,193 @@
+"""The deterministic masks a gated model is evaluated with ("binary", "expected_size") are the plans their rule
+exports: the same counts, the decoder's floor included, and the same function as the cut model."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import transformers
+
+from families import FAMILY_CONFIGS
+from gatedprune.methods.gated import L0
+from gatedprune.reports.support import logits, tiny_inputs
+from gatedprune.structures.adapters import probe
+from gatedprune.structures.head_gates import attach_gates
+from gatedprune.structures.kinds import ALL_KINDS
+from gatedprune.surgery.cut import prune_heads
+
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def bart3():
+    """A tiny BART with 3 + 3 layers, 4 heads, FFN width 12."""
+    config = FAMILY_CONFIGS["bart"]()
+    config.encoder_layers = config.decoder_layers = 3
+    config.encoder_ffn_dim = config.decoder_ffn_dim = 12
+    torch.manual_seed(0)
+    return transformers.AutoModelForSeq2SeqLM.from_config(config).eval()
+
+
+def _gates(model, seed: int, decoder_closed: bool):
+    """Every kind gated, log_alpha from U(-3, 3); with ``decoder_closed`` every decoder layer below 0 but the three
+    half open (P(open) 0.40-0.45, so their expected count rounds to 1)."""
+    gates = attach_gates(model, ALL_KINDS)
+    generator = torch.Generator().manual_seed(seed)
+    for gate in gates.gates:
+        gate.log_alpha.data = torch.rand(gate.log_alpha.shape, generator=generator) * 6 - 3
+    if decoder_closed:
+        for n, i in enumerate(i for i, kind in enumerate(gates.kinds) if kind == "decoder_layer"):
+            gates.gates[i].log_alpha.data.fill_(-1.0 - 0.1 * n)
+    return gates
+
+
+def _p_open(log_alpha: torch.Tensor, beta=0.33, gamma=-0.1, zeta=1.1) -> torch.Tensor:
+    """Louizos et al.'s P(gate != 0), written out here."""
+    return 1 / (1 + torch.exp(-(log_alpha - beta * math.log(-gamma / zeta))))
+
+
+def test_the_expected_size_keeps_the_rounded_nested_expected_count_of_each_kind_by_log_alpha(bart3):
+    model = copy.deepcopy(bart3)
+    gates = _gates(model, seed=3, decoder_closed=False)
+    try:
+        keep = gates.per_site(gates.keep_mask("expected_size"))
+        for kind in set(gates.kinds):
+            sites = [i for i, k in enumerate(gates.kinds) if k == kind]
+            alphas = torch.cat([gates.gates[i].log_alpha.detach() for i in sites])
+            # nested as the budget counts it: a gate inside a gated layer counts P(gate) x P(layer)
+            layer_p = torch.cat([_p_open(gates.gates[gates.outer[i]].log_alpha.detach()).expand(gates.gates[i].num_heads)
+                                 if gates.outer[i] is not None else torch.ones(gates.gates[i].num_heads) for i in sites])
+            count = int(math.floor((_p_open(alphas) * layer_p).sum().item() + 0.5))
+            assert gates.expected_counts()[kind] == count, kind
+            kept = torch.cat([keep[i] for i in sites])
+            assert int(kept.sum()) == count, kind
+            if 0 < count < len(alphas):  # the kept ones are the largest log_alpha (layers nest: rank by the min)
+                outer = [gates.outer[i] for i in sites for _ in range(gates.gates[i].num_heads)]
+                scores = torch.stack([torch.minimum(a, gates.gates[o].log_alpha.detach()[0]) if o is not None else a
+                                      for a, o in zip(alphas, outer)])
+                assert scores[kept].min() >= scores[~kept].max(), kind
+    finally:
+        gates.remove()
+
+
+@pytest.mark.parametrize("mode", ["binary", "expected_size"])
+@pytest.mark.parametrize("decoder_closed", [False, True])
+def test_the_gated_model_in_a_plan_mode_computes_its_plans_cut_model(bart3, mode, decoder_closed):
+    model = copy.deepcopy(bart3)
+    gates = _gates(model, seed=5, decoder_closed=decoder_closed)
+    inputs = tiny_inputs(model)
+    try:
+        plan = gates.plan(mode, note=False)
+        decoder = plan[probe(model).layers["decoder"]]
+        if decoder_closed:  # log_alpha > 0 closes all three; each rule keeps one, the floor or the expected count
+            assert len(decoder) == 1
+        gates.set_mode(mode)
+        gated = logits(model, inputs)
+        alive = gates.alive(plan)
+    finally:
+        gates.remove()
+    pruned = prune_heads(copy.deepcopy(bart3), plan)
+    assert (logits(pruned, inputs) - gated).abs().max() < ATOL
+    assert alive["decoder_layer"] == len(decoder)
+
+
+def test_the_mask_follows_log_alpha_once_it_changes(bart3):
+    model = copy.deepcopy(bart3)
+    gates = _gates(model, seed=7, decoder_closed=False).set_mode("binary")
+    try:
+        first = [m.clone() for m in gates.mode_mask()]
+        site = next(i for i, kind in enumerate(gates.kinds) if kind == "encoder")
+        with torch.no_grad():
+            gates.gates[site].log_alpha.neg_()  # an optimiser's in-place step
+        assert not torch.equal(gates.mode_mask()[site], first[site])
+        assert torch.equal(gates.mode_mask()[site], gates.gates[site].log_alpha.detach() > 0)
+    finally:
+        gates.remove()
+
+
+def test_an_unknown_eval_gate_mode_is_refused_with_the_modes():
+    with pytest.raises(ValueError, match=r"pruning.eval_gate_mode='expected'; allowed: sample, deterministic, "
+                                         r"binary, open, expected_size"):
+        L0(eval_gate_mode="expected")
+
+
+def test_settled_gates_are_held_at_their_expected_size_plan_through_steps_and_a_reload(bart3):
+    model = copy.deepcopy(bart3)
+    gates = _gates(model, seed=11, decoder_closed=True)
+    try:
+        expected = gates.plan_mask("expected_size", note=False)
+        kept = gates.settle_(["encoder_layer", "decoder_layer"], note=False)
+        layers = [i for i, kind in enumerate(gates.kinds) if kind.endswith("_layer")]
+        for i in layers:
+            assert gates.gates[i].log_alpha.item() == (10.0 if expected[i].item() else -10.0)
+        assert len(kept["decoder"]) == 1  # three half-open decoder layers: an expected count of 1
+        # an optimiser step moves every gate; clamp_ (after each step) puts the settled ones back
+        optimiser = torch.optim.Adam(gates.parameters(), lr=0.5)
+        gates.penalty("params").backward()
+        optimiser.step()
+        other = next(i for i, kind in enumerate(gates.kinds) if kind == "encoder")
+        before = gates.gates[other].log_alpha.detach().clone()
+        gates.clamp_()
+        assert all(abs(gates.gates[i].log_alpha.item()) == 10.0 for i in layers)
+        assert torch.equal(gates.gates[other].log_alpha.detach(), before)  # the others train on
+        state = gates.state_dict()
+        # a budget that fits everything still leaves the layers settled closed out (and keeps every other gate)
+        everything = gates.per_site(gates.keep_mask("params", gates.costs["params"].prunable))
+        for i in range(len(gates.gates)):
+            layer = gates.outer[i] if gates.outer[i] is not None else i  # a structure goes with its layer
+            closed = gates.paths[layer] in gates.settled and gates.settled[gates.paths[layer]][0] < 0
+            assert bool(everything[i].all()) != closed, gates.paths[i]
+    finally:
+        gates.remove()
+    again = attach_gates(copy.deepcopy(bart3), ALL_KINDS)
+    try:
+        again.load_state_dict(state)  # a resumed run holds them too
+        assert again.settled == {again.paths[i]: [gates.gates[i].log_alpha.item()] for i in layers}
+    finally:
+        again.remove()
+
+
+@pytest.mark.parametrize("value, kinds, message", [
+    (0, ALL_KINDS, r"pruning.settle_layers_at=0; allowed: null or an integer >= 1 \(a gated step\)"),
+    (5, ("encoder", "decoder", "cross"), r"pruning.settle_layers_at=5 settles the layer gates, and pruning.kinds="
+                                          r"\['encoder', 'decoder', 'cross'\] has none"),
+])
+def test_settling_is_refused_where_there_is_nothing_to_settle(value, kinds, message):
+    with pytest.raises(ValueError, match=message):
+        L0(settle_layers_at=value, kinds=list(kinds))
+
+
+def test_settling_after_the_gated_phase_is_refused_with_the_steps_it_has():
+    method = L0(settle_layers_at=20, kinds=list(ALL_KINDS), start_step=10)
+    with pytest.raises(ValueError, match=r"pruning.settle_layers_at=20 is not inside the gated phase \(20 steps: "
+                                         r"trainer.max_steps=30 - pruning.start_step=10\); allowed: an integer in "
+                                         r"\[1, 19\], or null"):
+        method.check_schedule(30)
+
+
+def test_a_run_settles_its_layer_gates_and_exports_around_them(tmp_path):
+    from helpers import FAKE_TIMER, run_train
+    from gatedprune.training.checkpoints import load_gated_checkpoint
+
+    run = tmp_path / "run"
+    kinds = f"pruning.kinds=[{','.join(ALL_KINDS)}]"
+    proc = run_train(run, "pruning=l0_budget", "pruning.target_latency=0.6", kinds, "pruning.target_warmup_steps=5",
+                     "pruning.settle_layers_at=8", "pruning.eval_gate_mode=expected_size",
+                     "pruning.workload.source_tokens=6", "pruning.workload.target_tokens=4",
+                     "pruning.workload.repeats=1", prefix=FAKE_TIMER)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("gated step 8: note: the gates of encoder_layer, decoder_layer are settled and held") == 1
+    _, gates = load_gated_checkpoint(run / "checkpoints" / "last.ckpt")
+    layers = {gates.paths[i]: gates.gates[i].log_alpha.item() for i, k in enumerate(gates.kinds) if k.endswith("_layer")}
+    assert set(layers) == set(gates.settled) and all(abs(v) == 10.0 for v in layers.values())
+    opened = {path for path, value in layers.items() if value > 0}
+    export = (run / "pruned" / "config.json").read_text()
+    import json
+
+    kept = json.loads(export)["gatedprune"]["kept_layers"]
+    assert {f"{probe_path}.{i}" for probe_path, stack in (("model.encoder.layers", "encoder"),
+                                                          ("model.decoder.layers", "decoder"))
+            for i in kept[stack]} >= opened
