@@ -133,3 +133,17 @@ def load_benchmark(name: str):
     sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def tiny_bart3():
+    """A tiny BART with 3 + 3 layers, 4 heads, FFN width 12 (seeded): three layers a stack, so counts round."""
+    import torch
+    import transformers
+
+    from families import FAMILY_CONFIGS
+
+    config = FAMILY_CONFIGS["bart"]()
+    config.encoder_layers = config.decoder_layers = 3
+    config.encoder_ffn_dim = config.decoder_ffn_dim = 12
+    torch.manual_seed(0)
+    return transformers.AutoModelForSeq2SeqLM.from_config(config).eval()

@@ -11,10 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import transformers
 
-from families import FAMILY_CONFIGS
-from helpers import FAKE_BASE, FAKE_COSTS, bart_structures
+from helpers import FAKE_BASE, FAKE_COSTS, bart_structures, tiny_bart3
 from gatedprune.costs import latency, table
 from gatedprune.costs.build import latency_cost
 from gatedprune.costs.counts import features
@@ -75,12 +73,7 @@ def fake_timer(noise: float = 0.0, seed: int = 0):
 
 @pytest.fixture(scope="module")
 def bart3():
-    """A tiny BART with 3 + 3 layers, 4 heads, FFN width 12."""
-    config = FAMILY_CONFIGS["bart"]()
-    config.encoder_layers = config.decoder_layers = 3
-    config.encoder_ffn_dim = config.decoder_ffn_dim = 12
-    torch.manual_seed(0)
-    return transformers.AutoModelForSeq2SeqLM.from_config(config).eval()
+    return tiny_bart3()
 
 
 # ---- FLOPs --------------------------------------------------------------------------------------------------------

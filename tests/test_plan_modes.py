@@ -8,9 +8,8 @@ import math
 
 import pytest
 import torch
-import transformers
 
-from families import FAMILY_CONFIGS
+from helpers import tiny_bart3
 from gatedprune.methods.gated import L0
 from gatedprune.reports.support import logits, tiny_inputs
 from gatedprune.structures.adapters import probe
@@ -23,12 +22,7 @@ ATOL = 1e-5
 
 @pytest.fixture(scope="module")
 def bart3():
-    """A tiny BART with 3 + 3 layers, 4 heads, FFN width 12."""
-    config = FAMILY_CONFIGS["bart"]()
-    config.encoder_layers = config.decoder_layers = 3
-    config.encoder_ffn_dim = config.decoder_ffn_dim = 12
-    torch.manual_seed(0)
-    return transformers.AutoModelForSeq2SeqLM.from_config(config).eval()
+    return tiny_bart3()
 
 
 def _gates(model, seed: int, decoder_closed: bool):

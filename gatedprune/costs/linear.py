@@ -149,9 +149,9 @@ class StructureCosts:
         if forced is not None:
             keep[forced][0] = True
             spent += self.fixed[forced]
-        settled = getattr(gates, "settled", {})
         for _, i, j in order:
-            if i == forced or settled.get(gates.paths[i], [1.0] * (j + 1))[j] < 0:
+            held = gates.settled.get(gates.paths[i])
+            if i == forced or (held is not None and held[j] < 0):
                 continue  # the forced layer is paid for; a gate settled closed stays closed
             outer = gates.outer[i]
             if outer is not None and not keep[outer][0]:
