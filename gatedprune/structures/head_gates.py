@@ -19,6 +19,7 @@ from torch import nn
 
 from gatedprune.costs.linear import StructureCosts
 from gatedprune.structures.adapters import probe
+from gatedprune.structures.gate_counts import GateCounts
 from gatedprune.structures.hard_concrete import GATE_MODES, GateOptions, HardConcreteGate
 from gatedprune.structures.kinds import ALL_KINDS, ATTENTION_KINDS, KINDS, check_kinds
 from gatedprune.structures.sites import structure_sites
@@ -37,7 +38,7 @@ PLAN_MODES = ("binary", "expected_size")
 MODES = (*GATE_MODES, *(m for m in PLAN_MODES if m not in GATE_MODES))
 
 
-class HeadGates(nn.Module):
+class HeadGates(GateCounts, nn.Module):
     """The gates of one model: a ``HardConcreteGate`` per site (attention module, feed-forward block or layer).
 
     ``log_alpha`` of site i is ``self.gates[i].log_alpha``; ``self.paths[i]`` names its module. A feed-forward gate
@@ -322,38 +323,6 @@ class HeadGates(nn.Module):
                 gate.log_alpha.fill_(-10.0)
                 gate.log_alpha[open_] = 10.0
         return self
-
-    # ---- counts per kind -------------------------------------------------------------------------------------------
-    def _per_kind(self, per_site: list) -> dict:
-        """Numbers given per site, summed per kind; "total" sums the attention kinds (heads)."""
-        sums = Counter()
-        for kind, value in zip(self.kinds, per_site):
-            sums[kind] += value
-        return {"total": sum(sums[k] for k in ATTENTION_KINDS), **{k: sums[k] for k in ALL_KINDS if k in sums}}
-
-    def heads_per_kind(self) -> dict[str, int]:
-        """Every gated structure per kind (heads, units, layers), and the heads in total."""
-        return self._per_kind([gate.num_heads * size for gate, size in zip(self.gates, self.group_sizes)])
-
-    def heads_alive(self) -> dict[str, int]:
-        """What the binary rule keeps per kind (a head or unit of a dropped layer is not kept), heads in total."""
-        return self.alive(self.plan(note=False))
-
-    def alive(self, plan: dict) -> dict[str, int]:
-        """Structures a plan keeps per kind, nesting-aware, and the heads in total."""
-        dropped = self.dropped(plan)
-        counts = []
-        for i, path in enumerate(self.paths):
-            if self.structures[i] == "layer":
-                counts.append(int(self.layers[i] in plan.get(self.layers_paths[self.kinds[i]], [])))
-            else:
-                counts.append(0 if (self.stacks[i], self.layers[i]) in dropped else len(plan.get(path, [])))
-        return self._per_kind(counts)
-
-    @torch.no_grad()
-    def expected_open_per_kind(self) -> dict[str, float]:
-        """Nesting-aware sum of P(open) per kind, and the heads in total."""
-        return self._per_kind([(self.p_open_nested(i).sum() * self.group_sizes[i]).item() for i in range(len(self.gates))])
 
     @torch.no_grad()
     def settle_(self, kinds, note: bool = True) -> dict[str, list[int]]:
