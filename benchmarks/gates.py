@@ -8,6 +8,8 @@ keep, and both models' validation BLEU (the export gap before recovery). A cell 
 
     .venv/bin/python benchmarks/gates.py run --runs RUNS/gates                  # every cell not yet done
     .venv/bin/python benchmarks/gates.py run --runs RUNS/gates --cell <name>    # one (several processes at once)
+    .venv/bin/python benchmarks/gates.py run --runs RUNS/gates --reuse RUNS/recovery  # settle_300 from the recovery
+                                                                                # grid's gates_settled exports
     .venv/bin/python benchmarks/gates.py rescore --runs RUNS/gates --bleu       # final gates of the kept runs
     .venv/bin/python benchmarks/gates.py table                                  # docs/benchmarks/gates/README.md
 """
@@ -40,6 +42,10 @@ class Protocol:
     overrides: tuple[str, ...] = ()
     gated_steps: int = 100
     settle_layers_at: int | None = None  # pruning.settle_layers_at, scaled with gated_steps on the smoke model
+    seeds: tuple[int, ...] = SEEDS
+    # the recovery grid's start that runs this very gated phase (its export is the same training): a cell whose
+    # run is not here is recorded from that export's run, where it is (``--reuse``), rather than trained again
+    recovery_start: str | None = None
 
 
 # the default's controller, then one change at a time (docs/gates.md, section 6: the causes to test)
@@ -51,7 +57,8 @@ PROTOCOLS = (
              300),  # l0_budget's rates, given time to settle
     # the hold, with the layer gates decided at gated step 100 (the expected number per stack) and held, so the widths
     # meet the target around settled layers for the last 200 steps; evaluated with CoFi's expected-size mask
-    Protocol("settle_300", ("pruning.target_warmup_steps=50", "pruning.eval_gate_mode=expected_size"), 300, 100),
+    Protocol("settle_300", ("pruning.target_warmup_steps=50", "pruning.eval_gate_mode=expected_size"), 300, 100,
+             (1234, 1, 2), "gates_settled"),
 )
 
 
@@ -91,7 +98,8 @@ class Cell:
 
 def grid(setting: recovery.Setting = recovery.REAL) -> list[Cell]:
     targets = setting.targets[:1] if setting is not recovery.REAL else setting.targets  # quick: one target
-    return [Cell(p, target, seed, setting) for target in targets for p in PROTOCOLS for seed in SEEDS]
+    return [Cell(p, target, seed, setting) for target in targets for p in PROTOCOLS
+            for seed in (p.seeds if setting is recovery.REAL else SEEDS)]
 
 
 def _trajectory(run: Path) -> list[dict]:
@@ -102,24 +110,47 @@ def _trajectory(run: Path) -> list[dict]:
              "ce": float(r["train/ce"])} for r in rows if r.get("train/expected_latency")]
 
 
-def run_cell(cell: Cell, runs: Path, results: Path) -> dict:
-    run = runs / cell.name
+def reused_run(cell: Cell, reuse: Path | None) -> Path | None:
+    """The recovery grid's export of this very gated phase (its start ``recovery_start``) in ``reuse``, if it is
+    there and finished; it was trained with the same overrides, logged at the trainer's default interval."""
+    start = cell.protocol.recovery_start
+    if reuse is None or start is None:
+        return None
+    run = reuse / recovery.Export(start, cell.target, cell.seed, cell.setting).name
+    done = (run / "status.json").is_file() and json.loads((run / "status.json").read_text())["status"] == "done"
+    return run if done and (run / "checkpoints" / "last.ckpt").is_file() else None
+
+
+def _ran(run: Path) -> str:
+    """The command a run was made with, from Hydra's record of its overrides (the run directory as RUNS)."""
+    import yaml
+
+    overrides = yaml.safe_load((run / ".hydra" / "overrides.yaml").read_text())
+    return "train.py " + " ".join(o if not o.startswith("hydra.run.dir=") else f"hydra.run.dir=RUNS/{run.name}"
+                                  for o in overrides).replace(str(ROOT) + "/", "")
+
+
+def run_cell(cell: Cell, runs: Path, results: Path, reuse: Path | None = None) -> dict:
+    run = reused_run(cell, reuse) or runs / cell.name
     args = [recovery._python(), str(ROOT / "train.py"), *cell.args(runs)]
     start = time.time()
-    recovery._run(args, runs / f"{cell.name}.log")
+    if run == runs / cell.name:
+        recovery._run(args, runs / f"{cell.name}.log")
     metrics = json.loads((run / "metrics.json").read_text())
     export = json.loads((run / "pruned" / "export_report.json").read_text())
     budget = metrics["budget"]["latency"]
     record = {
         "cell": cell.name, "protocol": cell.protocol.name, "target": cell.target, "seed": cell.seed,
-        "gated_steps": cell.gated_steps, "command": recovery._shown(args[1:], runs),
+        "gated_steps": cell.gated_steps,
+        "command": recovery._shown(args[1:], runs) if run == runs / cell.name else _ran(run),
         "trajectory": _trajectory(run),
         "expected_kept": budget["expected_kept"], "binary_kept": budget["binary_kept"],
         "plan_kept": budget["plan_kept"], "export_predicted": export["predicted"]["latency"],
         "decided_by_rule": export["decided_by_rule"],
         "gated": {"val_bleu": metrics["gated"]["bleu"], "kept": metrics["gated"]["kept"]},
         "export": {"val_bleu": metrics["bleu"], "kept": metrics["kept"]},
-        "wall_s": round(time.time() - start, 1), "machine": machine(),
+        "wall_s": round(time.time() - start, 1) if run == runs / cell.name else metrics["seconds"]["run"],
+        "machine": machine(),
     }
     record.update(final_gates(run, cell.target))
     if not cell.quick:  # the suite's smoke cells are not scored on the embedded corpus
@@ -235,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--cell", default=None, help="one cell by name")
     parser.add_argument("--bleu", action="store_true", help="rescore: each plan mode's validation BLEU too")
+    parser.add_argument("--reuse", type=Path, default=None,
+                        help="the recovery grid's runs (benchmarks/recovery.py --runs): a cell whose gated phase is "
+                             "an export there is recorded from that run instead of trained again")
     args = parser.parse_args(argv)
     runs = args.runs.resolve()
     setting = recovery._quick(runs) if args.stage == "quick" else recovery.REAL
@@ -247,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             if (args.results / f"{cell.name}.json").is_file():
                 print(f"{cell.name}: done (in {args.results})")
                 continue
-            run_cell(cell, runs, args.results)
+            run_cell(cell, runs, args.results, args.reuse.resolve() if args.reuse else None)
     if args.stage == "rescore":
         print("rescored: " + (", ".join(rescore(args.results, runs, args.bleu)) or "none (no run of a cell here)"))
     write_readme(args.results, "Gated phases against their latency target (benchmarks/gates.py)",

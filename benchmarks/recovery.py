@@ -308,6 +308,82 @@ def run_recovery(cell: Recovery, runs: Path, results: Path) -> dict:
     return record
 
 
+def _measures(r: dict, start: str, seed: int, steps: int, init: str = "export", lr: float = PEAK,
+              decay: str = "inverse_sqrt", warmup: int = WARMUP) -> bool:
+    """Whether record ``r`` recovered ``start`` at ``seed`` with this recipe and scored its weights at ``steps`` (the
+    schedule's rate at step N does not depend on the total, so step N of a longer run is step N of a shorter one)."""
+    return (r["start"] == start and r["init"] == init and r["seed"] == seed and r["lr"] == lr and r["decay"] == decay
+            and r["warmup_steps"] == warmup and str(steps) in r["test_bleu_at"])
+
+
+def _same_model(r: dict, target: float, depth: int | None) -> bool:
+    """Random structures are drawn at a target; even layers keep a depth (``depth``), whatever the target."""
+    return r["kept_layers"]["decoder"] == depth if depth is not None else r["target"] == target
+
+
+def stand_in(cell: Recovery, cells: list[dict], runs: Path) -> dict | None:
+    """A finished cell of another group that measured ``cell`` already (``_measures``, ``_same_model``); an even-layers
+    cell's depth is read from its gates' export, which is run first."""
+    depth = None
+    if cell.export.start == "even_layers":
+        depth = len(_plan(run_export(cell.export.gates, runs))["kept_layers"]["decoder"])
+    return next((r for r in cells if r["cell"] != cell.name and _same_model(r, cell.export.target, depth)
+                 and _measures(r, cell.export.start, cell.export.seed, cell.steps, cell.init, cell.lr, cell.decay,
+                               cell.warmup)), None)
+
+
+CHOSEN = "gates_settled"  # issue 38's starts, compared with the settled gates
+RIVALS = ("gates", "random", "even_layers")
+
+
+def choose(results: Path, targets=(LOW, HIGH), steps: int = 1000) -> dict:
+    """Issue 38's comparison from the cells: per target and start, test BLEU after ``steps`` of recovery by seed
+    (even layers at the depth the settled gates kept at that seed), with mean and standard deviation."""
+    import statistics
+
+    cells = records(results)
+    out = {}
+    for target in targets:
+        row = {}
+        for start in (CHOSEN, *RIVALS):
+            scores = {}
+            for seed in SEEDS:
+                depth = None
+                if start == "even_layers":
+                    gates = next((r for r in cells if r["start"] == CHOSEN and r["target"] == target
+                                  and r["seed"] == seed), None)
+                    if gates is None:
+                        continue
+                    depth = gates["kept_layers"]["decoder"]
+                found = next((r for r in cells if _same_model(r, target, depth) and _measures(r, start, seed, steps)),
+                             None)
+                if found is not None:
+                    scores[seed] = found["test_bleu_at"][str(steps)]
+            values = list(scores.values())
+            row[start] = {"by_seed": scores, "mean": statistics.fmean(values) if values else None,
+                          "std": statistics.stdev(values) if len(values) > 1 else None}
+        out[target] = row
+    return out
+
+
+def choose_table(results: Path, targets=(LOW, HIGH), steps: int = 1000) -> str:
+    def cell(v: dict) -> str:
+        if v["mean"] is None:
+            return "-"
+        spread = f" ± {v['std']:.2f}" if v["std"] is not None else ""
+        return f"{v['mean']:.2f}{spread} (n={len(v['by_seed'])})"
+
+    rows = []
+    for target, row in choose(results, targets, steps).items():
+        chosen = row[CHOSEN]["mean"]
+        for start, v in row.items():
+            gap = f"{chosen - v['mean']:+.2f}" if start != CHOSEN and None not in (chosen, v["mean"]) else ""
+            rows.append((target, start, *(f"{v['by_seed'][s]:.2f}" if s in v["by_seed"] else "-" for s in SEEDS),
+                         cell(v), gap))
+    return markdown_table(["target", "start", *(f"seed {s}" for s in SEEDS), f"test BLEU @{steps:,}, mean ± sd",
+                           f"{CHOSEN} minus it"], rows)
+
+
 def records(results: Path) -> list[dict]:
     """The finished cells' jsons in ``results`` (other files there, the latency table, are not cells)."""
     found = [json.loads(path.read_text()) for path in sorted(results.glob("*.json"))]
@@ -534,12 +610,17 @@ def main(argv: list[str] | None = None) -> int:
             if (args.results / f"{cell.name}.json").is_file():
                 print(f"{cell.name}: done (in {args.results})")
                 continue
+            if cell.group == "choose" and (other := stand_in(cell, records(args.results), runs)):
+                print(f"{cell.name}: measured by {other['cell']}")
+                continue
             run_recovery(cell, runs, args.results)
     if args.stage in ("measure", "quick"):
         quick = {"teacher": _run_teacher(runs / "dense"), "sentences": 2, "new_tokens": 4, "repeats": 1} \
             if args.stage == "quick" else {}  # the smoke model's dense run stands in for the teacher
         measure(args.results, runs, setting=setting, **quick)
     text = "\n".join(answers(args.results, setting.targets)) + "\n\n" + table(args.results)
+    text += (f"\n\n## Issue 38: the settled gates against the other starts, {min(1000, max(setting.budgets)):,} steps\n\n"
+             + choose_table(args.results, setting.targets, min(1000, max(setting.budgets))))
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "README.md").write_text("# Recovery cells (benchmarks/recovery.py)\n\n" + text)
     if records(args.results):

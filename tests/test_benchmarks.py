@@ -560,3 +560,41 @@ def test_the_recovery_reference_is_the_teacher_s_own_schedule_scored_at_the_defa
     optim = compose_train(tmp_path, "model=scratch_mbart").optim
     assert cell.lr == pytest.approx(optim.lr * math.sqrt(optim.warmup_steps / record()["steps"]), rel=0.01)
     assert (cell.decay, cell.warmup, cell.init) == ("constant", 0, "export")
+
+
+def test_issue_38_s_table_takes_each_start_s_score_from_the_cell_that_measured_that_model(tmp_path):
+    bench = load_benchmark("recovery")
+
+    def cell(name, start, target, seed, decoder, at, lr=bench.PEAK, init="export", warmup=bench.WARMUP):
+        record = {"cell": name, "start": start, "init": init, "target": target, "seed": seed, "lr": lr,
+                  "decay": "inverse_sqrt", "warmup_steps": warmup, "kept_layers": {"encoder": 3, "decoder": decoder},
+                  "test_bleu_at": {str(k): v for k, v in at.items()}}
+        (tmp_path / f"{name}.json").write_text(json.dumps(record))
+
+    for seed, bleu, depth in ((1234, 20.0, 1), (1, 22.0, 2)):
+        cell(f"choose_gates_settled_0.55_s{seed}", "gates_settled", 0.55, seed, depth, {1000: bleu})
+    # step 1,000 of a longer curve stands for a 1,000-step cell; another peak, a scratch start, another target not
+    cell("curve_random_0.55_s1234", "random", 0.55, 1234, 1, {1000: 19.0, 2000: 23.0})
+    cell("lr_random_0.55_s1", "random", 0.55, 1, 1, {1000: 30.0}, lr=1e-3)
+    cell("curve_scratch_0.55_s1", "random", 0.55, 1, 1, {1000: 31.0}, init="scratch")
+    cell("curve_random_0.67_s1", "random", 0.67, 1, 1, {1000: 32.0})
+    # even layers keep a depth: the one of the settled gates at that seed, whatever target the cell was run for
+    cell("curve_even_layers_0.67_s1234", "even_layers", 0.67, 1234, 1, {1000: 21.5})
+    cell("curve_even_layers_0.55_s1", "even_layers", 0.55, 1, 1, {1000: 33.0})  # depth 1, the gates kept 2
+    cell("seeds_even_layers_0.67_s1", "even_layers", 0.67, 1, 2, {250: 10.0, 1000: 21.0})
+    row = bench.choose(tmp_path, targets=(0.55,))[0.55]
+    assert row["gates_settled"]["by_seed"] == {1234: 20.0, 1: 22.0}
+    assert row["gates_settled"]["mean"] == pytest.approx(21.0)
+    assert row["gates_settled"]["std"] == pytest.approx(2 ** 0.5)  # the sample standard deviation of 20 and 22
+    assert row["random"]["by_seed"] == {1234: 19.0} and row["random"]["std"] is None
+    assert row["even_layers"]["by_seed"] == {1234: 21.5, 1: 21.0}
+    assert row["gates"] == {"by_seed": {}, "mean": None, "std": None}
+    table = bench.choose_table(tmp_path, targets=(0.55,))
+    assert "| 0.55 | random | 19.00 | - | - | 19.00 (n=1) | +2.00 |" in table
+    assert "| 0.55 | even_layers | 21.50 | 21.00 | - | 21.25 ± 0.35 (n=2) | -0.25 |" in table
+    # the grid's cell is skipped where another group measured it (random at its own target; the run is not made)
+    grid = {c.name: c for c in bench._grid()}
+    records = bench.records(tmp_path)
+    assert bench.stand_in(grid["choose_random_0.55_s1234_1000_lr0.002"], records, tmp_path)["cell"] == \
+        "curve_random_0.55_s1234"
+    assert bench.stand_in(grid["choose_random_0.55_s1_1000_lr0.002"], records, tmp_path) is None
