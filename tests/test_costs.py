@@ -289,6 +289,52 @@ def test_the_export_rule_keeps_a_plan_within_the_target(bart3, kinds):
         gates.remove()
 
 
+@pytest.mark.parametrize("mode", ["binary", "expected_size"])
+def test_without_the_fill_the_export_ships_the_eval_mode_mask_where_it_fits_and_fills_where_it_does_not(bart3, mode):
+    """``pruning.export_fill=false`` (``CostBudget(ships=mode)``): the export is the gated model's own eval-mode mask
+    when its cost is within the target, however far below; above the target, the most open structures that fit."""
+    model = copy.deepcopy(bart3)
+    cost = LinearCost("latency", BASE, TRUE)
+    gates = _random_gates(model, ALL_KINDS, seed=4)
+    try:
+        gates.set_costs("latency", StructureCosts.of_linear(cost, model, gates))
+        dense = cost.of(bart3)
+        mask_cost = cost.of(prune_heads(copy.deepcopy(bart3), gates.plan(mode, note=False))) / dense
+        floor = gates.costs["latency"].floor
+        above, below = min(0.99, mask_cost + 0.05), max(floor, mask_cost - 0.05)  # targets around the mask's cost
+        assert below < mask_cost < above
+        roomy = CostBudget(gates, "latency", above, warmup_steps=0, ships=mode)
+        assert roomy.export_rule() == (mode, None)
+        report = roomy.report()["latency"]
+        assert report["plan_rule"] == mode and report["plan_kept"] == pytest.approx(mask_cost, rel=1e-6)
+        # the fill would have kept more: the most open structures up to the target
+        filled = CostBudget(gates, "latency", above, warmup_steps=0)
+        assert filled.export_rule() == ("latency", filled.kept_allowed)
+        assert filled.report()["latency"]["plan_kept"] > mask_cost + 0.01
+        tight = CostBudget(gates, "latency", below, warmup_steps=0, ships=mode)
+        rule, allowed = tight.export_rule()
+        assert rule == "latency" and allowed == pytest.approx(tight.kept_allowed)
+        shipped = cost.of(prune_heads(copy.deepcopy(bart3), gates.plan(rule, allowed, note=False))) / dense
+        assert shipped <= below + 1e-9 and tight.report()["latency"]["plan_kept"] == pytest.approx(shipped, rel=1e-6)
+    finally:
+        gates.remove()
+
+
+@pytest.mark.parametrize("options, says", [
+    (dict(target_latency=0.6, eval_gate_mode="deterministic"), "pruning.export_fill=false with "
+     "pruning.eval_gate_mode=deterministic and a cost target"),
+    (dict(target_heads=0.5, eval_gate_mode="expected_size"), "pruning.export_fill=false with "
+     "pruning.eval_gate_mode=expected_size and no cost target"),
+])
+def test_no_fill_is_refused_where_there_is_no_eval_mode_mask_of_a_cost_budget_to_ship(options, says):
+    with pytest.raises(ValueError, match=re.escape(says) + r": it ships the eval-mode mask of a cost budget; allowed: "
+                       r"with target_params, target_flops or target_latency and eval_gate_mode in binary, "
+                       r"expected_size, or export_fill=true$"):
+        L0Budget(export_fill=False, kinds=list(ALL_KINDS), **options)
+    with pytest.raises(ValueError, match=r"^pruning.export_fill='no'; allowed: true or false$"):
+        L0Budget(export_fill="no", target_latency=0.6)
+
+
 @pytest.mark.parametrize("decoder", ["one layer open", "every layer closed"])
 def test_the_budget_prices_the_deterministic_gates_and_the_export_plan_as_the_models_they_cut(bart3, decoder):
     """``CostBudget.report``: each deterministic mask's cost and the export plan's are those of the models they cut,

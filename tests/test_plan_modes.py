@@ -185,3 +185,30 @@ def test_a_run_settles_its_layer_gates_and_exports_around_them(tmp_path):
     assert {f"{probe_path}.{i}" for probe_path, stack in (("model.encoder.layers", "encoder"),
                                                           ("model.decoder.layers", "decoder"))
             for i in kept[stack]} >= opened
+
+
+def test_without_the_fill_a_settled_run_ships_the_model_it_validated(tmp_path):
+    """pruning.export_fill=false: the export is the gated model's eval-mode mask (expected_size) where it fits the
+    target: the same structures as the gated model counted, the same outputs (the export's own check), its cost
+    within the target."""
+    import json
+
+    from helpers import FAKE_TIMER, run_train
+
+    run = tmp_path / "run"
+    kinds = f"pruning.kinds=[{','.join(ALL_KINDS)}]"
+    proc = run_train(run, "pruning=l0_budget", "pruning.target_latency=0.6", kinds, "pruning.target_warmup_steps=5",
+                     "pruning.settle_layers_at=8", "pruning.eval_gate_mode=expected_size", "pruning.export_fill=false",
+                     "pruning.workload.source_tokens=6", "pruning.workload.target_tokens=4",
+                     "pruning.workload.repeats=1", prefix=FAKE_TIMER)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((run / "metrics.json").read_text())
+    budget = metrics["budget"]["latency"]
+    report = json.loads((run / "pruned" / "export_report.json").read_text())
+    if budget["expected_size_kept"] <= 0.6:  # the mask fits: it is what ships
+        assert budget["plan_rule"] == "expected_size" and metrics["kept"] == metrics["gated"]["kept"]
+        assert budget["plan_kept"] == pytest.approx(budget["expected_size_kept"])
+        assert "the export ships the eval-mode mask (expected_size), which fits the target" in proc.stdout
+    else:  # it does not: the fill, within the target
+        assert budget["plan_rule"] == "latency" and budget["plan_kept"] <= 0.6 + 1e-9
+    assert report["predicted"]["latency"] == pytest.approx(budget["plan_kept"])

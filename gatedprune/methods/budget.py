@@ -105,6 +105,17 @@ class HeadBudget(_Lagrangian):
         self.warmup_steps = warmup_steps
         self._multipliers(gates, len(self.groups))
 
+    def export_rule(self) -> tuple[str, float | int | None]:
+        """(rule, top_k) of the export: the most open structures whose cost fits the target; or, with ``ships``, the
+        gated model's own eval-mode mask, exactly the model validated (CoFiPruning's export), wherever it fits the
+        target, and the fill where it does not. The fill reinstates structures whose gates the model learned to do
+        without: it can score below the smaller mask it fills (docs/gates.md)."""
+        if self.ships is not None:
+            mask = torch.cat(self.gates[0].plan_mask(self.ships, note=False))
+            if self.kept_fraction(mask) <= self.target + 1e-9:
+                return self.ships, None
+        return self.unit, self.kept_allowed
+
     def target_fraction(self, gated_step: int) -> torch.Tensor:
         """t per group after ``gated_step`` gated steps: 1 (all open) ramping linearly to the final fraction.  # (G,)"""
         final = torch.tensor([self.targets[g] / n for g, n in zip(self.groups, self.heads)])
@@ -139,8 +150,12 @@ class CostBudget(_Lagrangian):
 
     WHAT = {"params": "non-embedding parameters", "flops": "FLOPs", "latency": "predicted latency"}
 
-    def __init__(self, gates: HeadGates, unit: str, target: float, warmup_steps: int, gates_nothing: bool = False):
+    def __init__(self, gates: HeadGates, unit: str, target: float, warmup_steps: int, gates_nothing: bool = False,
+                 ships: str | None = None):
         super().__init__()
+        # None: the export fills the target with the most open structures; a plan mode (the gated model's own mask in
+        # eval mode): the export ships that mask wherever it fits the target (``export_rule``)
+        self.ships = ships
         self.gates = [gates]
         self.unit = unit
         self.costs = gates.costs[unit]
@@ -165,6 +180,17 @@ class CostBudget(_Lagrangian):
             return int(self.target * self.costs.total) - (self.costs.total - self.costs.prunable)
         return self.costs.allowed(self.target)
 
+    def export_rule(self) -> tuple[str, float | int | None]:
+        """(rule, top_k) of the export: the most open structures whose cost fits the target; or, with ``ships``, the
+        gated model's own eval-mode mask, exactly the model validated (CoFiPruning's export), wherever it fits the
+        target, and the fill where it does not. The fill reinstates structures whose gates the model learned to do
+        without: it can score below the smaller mask it fills (docs/gates.md)."""
+        if self.ships is not None:
+            mask = torch.cat(self.gates[0].plan_mask(self.ships, note=False))
+            if self.kept_fraction(mask) <= self.target + 1e-9:
+                return self.ships, None
+        return self.unit, self.kept_allowed
+
     def target_fraction(self, gated_step: int) -> torch.Tensor:
         ramp = min(1.0, gated_step / self.warmup_steps) if self.warmup_steps > 0 else 1.0
         return torch.tensor([1.0 - ramp * (1.0 - self.target)])  # (1,)
@@ -183,12 +209,14 @@ class CostBudget(_Lagrangian):
         """The target beside four costs of where the gates are: expected (what the Lagrangian drives), the two
         deterministic masks the gated model is evaluated with (``pruning.eval_gate_mode``: log_alpha > 0, and
         CoFiPruning's expected size per kind), each as its plan keeps it (the decoder's floor included), and the
-        export's plan (the most open structures that fit the target)."""
+        export's plan (``export_rule``)."""
         gates = self.gates[0]
+        rule, top_k = self.export_rule()
         return {self.unit: {"target": self.target, "expected_kept": self.expected_fraction().item(),
                             **{f"{rule}_kept": self.kept_fraction(torch.cat(gates.plan_mask(rule, note=False)))
                                for rule in PLAN_MODES},
-                            "plan_kept": self.kept_fraction(gates.keep_mask(self.unit, self.kept_allowed))}}
+                            "plan_kept": self.kept_fraction(torch.cat(gates.plan_mask(rule, top_k, note=False))),
+                            "plan_rule": rule}}
 
     def forward(self, gated_step: int) -> torch.Tensor:
         gap = self.expected_fraction() - self.target_fraction(gated_step).to(self.lambda1.device)  # (1,)

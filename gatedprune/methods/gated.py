@@ -32,7 +32,7 @@ from gatedprune.costs.workload import Workload
 from gatedprune.methods.budget import CostBudget, HeadBudget, resolve_targets
 from gatedprune.shipping.export_dir import check_out_dir
 from gatedprune.structures.hard_concrete import GateOptions
-from gatedprune.structures.head_gates import MODES, PENALTY_NORMALISATIONS, HeadGates
+from gatedprune.structures.head_gates import MODES, PENALTY_NORMALISATIONS, PLAN_MODES, HeadGates
 from gatedprune.structures.kinds import ATTENTION_KINDS, LAYER_KINDS
 from gatedprune.structures.uniform import per_layer_count, uniform_kinds
 from gatedprune.training.checkpoints import untrained_beyond
@@ -276,6 +276,10 @@ class L0Budget(GatedPruning):
     cost_dir: str | None = None  # where a latency fit is cached (the run's checkpoints): reused by forks
     target_warmup_steps: int = 100  # gated steps over which the target ramps from all heads to its value
     lagrangian_lr: float = 0.05
+    # a cost budget's export: true, the most open structures that fit the target; false, the gated model's own
+    # eval-mode mask (eval_gate_mode: binary or expected_size) wherever it fits the target, so the export is the
+    # model validated (the fill where it does not fit)
+    export_fill: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -294,6 +298,13 @@ class L0Budget(GatedPruning):
             raise ValueError(f"pruning.workload.table={self.workload.table} is a latency fit, which only "
                              "pruning.target_latency uses; allowed: with target_latency, or table null")
         self.cost_dirs = [Path(self.cost_dir)] if self.cost_dir else []
+        if not isinstance(self.export_fill, bool):
+            raise ValueError(f"pruning.export_fill={self.export_fill!r}; allowed: true or false")
+        if not self.export_fill and (self.cost_unit is None or self.eval_gate_mode not in PLAN_MODES):
+            raise ValueError(f"pruning.export_fill=false with pruning.eval_gate_mode={self.eval_gate_mode} and "
+                             f"{'no cost target' if self.cost_unit is None else 'a cost target'}: it ships the "
+                             f"eval-mode mask of a cost budget; allowed: with target_params, target_flops or "
+                             f"target_latency and eval_gate_mode in {', '.join(PLAN_MODES)}, or export_fill=true")
         if self.target_warmup_steps < 0:  # a negative ramp would act as none without a word
             raise ValueError(f"pruning.target_warmup_steps={self.target_warmup_steps} is negative; allowed: an "
                              "integer >= 0")
@@ -309,7 +320,8 @@ class L0Budget(GatedPruning):
         if unit is not None:
             self.cost_source = gate_costs(unit, model, gates, self.workload, self.cost_dirs)
             dense_run = self._gated_steps is not None and self._gated_steps < 1  # its floor cuts nothing: no refusal
-            return CostBudget(gates, unit, getattr(self, f"target_{unit}"), self.target_warmup_steps, dense_run)
+            return CostBudget(gates, unit, getattr(self, f"target_{unit}"), self.target_warmup_steps, dense_run,
+                              ships=None if self.export_fill else self.eval_gate_mode)
         targets = resolve_targets(self.target_heads, gates)
         for kind, target in targets.items():
             layers = gates.kinds.count(kind)
@@ -332,8 +344,8 @@ class L0Budget(GatedPruning):
         return penalty, logs
 
     def export_rule(self, state: HeadBudget | CostBudget) -> tuple[str, dict | int | float]:
-        if isinstance(state, CostBudget):  # the most open structures whose cost fits the target
-            return state.unit, state.kept_allowed
+        if isinstance(state, CostBudget):  # the most open structures that fit, or the eval-mode mask (export_fill)
+            return state.export_rule()
         return "top-k", state.targets  # the budget, met exactly per budget group
 
     def check_outputs(self, export, tuning, run_dir: Path):

@@ -22,6 +22,7 @@ from pathlib import Path
 import lightning as L
 
 from gatedprune.structures.adapters import attention_sites, probe
+from gatedprune.structures.head_gates import PLAN_MODES
 from gatedprune.structures.kinds import ALL_KINDS, ATTENTION_KINDS, KINDS, layer_kind
 from gatedprune.surgery.record import model_ffn_sites
 from gatedprune.versions import versions
@@ -245,8 +246,11 @@ def final_table(metrics: dict) -> str:
             notes.append(f"{name} budget: target {state['target']:.3g} of the {what}, expected kept at the end "
                          f"{state['expected_kept']:.3g}, by the deterministic gates (log_alpha > 0) "
                          f"{state['binary_kept']:.3g}, by the expected size per kind "
-                         f"{state.get('expected_size_kept', float('nan')):.3g}; the export keeps the most open "
-                         f"structures that fit the target ({state['plan_kept']:.3g})")
+                         f"{state.get('expected_size_kept', float('nan')):.3g}; " + (
+                             f"the export ships the eval-mode mask ({state['plan_rule']}), which fits the target"
+                             if state.get("plan_rule") in PLAN_MODES else
+                             "the export keeps the most open structures that fit the target")
+                         + f" ({state['plan_kept']:.3g})")
         else:
             notes.append(f"head budget ({group}): target {state['target']}, expected open heads at the end "
                          f"{state['expected_open']:.1f}; the export keeps exactly the target (top-k)")

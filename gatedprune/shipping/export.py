@@ -96,6 +96,8 @@ def _rule_name(rule: str, top_k: int | dict | None) -> str:
         return f"flops, at most {top_k:.4g} prunable FLOPs kept"
     if rule == "latency":  # a latency fit's unit: seconds per generate() call
         return f"latency, at most {top_k:.4g} s of prunable latency kept"
+    if rule == "expected_size":  # a cost budget's export_fill=false: the gated model's eval-mode mask, within budget
+        return "expected_size (CoFiPruning's deterministic mask: per kind the expected number of open gates)"
     return "binary" if rule == "binary" else f"top-k, k={top_k}"
 
 

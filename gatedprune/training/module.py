@@ -245,7 +245,7 @@ class GatedSeq2Seq(L.LightningModule):
         scores.update({"val/expected_open" + ("" if k == "total" else f"_{k}"): v for k, v in expected.items()})
         if self.gates_trained and self.budget is not None:  # a budget's target beside where the gates are now
             scores.update({f"val/budget_{group}_{key}": value for group, state in self.budget.report().items()
-                           for key, value in state.items() if key != "target"})
+                           for key, value in state.items() if isinstance(value, float) and key != "target"})
         self.log_dict(scores, prog_bar=False, batch_size=1)
         self.signature = corpus["sacrebleu_signature"]
         if not self.trainer.sanity_checking and not self.gates_trained:
