@@ -34,8 +34,9 @@ def test_every_protocol_is_recorded_with_its_three_costs_beside_the_target(tmp_p
         metrics = json.loads((run / "metrics.json").read_text())
         assert record["export"]["kept"] == metrics["kept"] and record["gated"]["kept"] == metrics["gated"]["kept"]
         assert f"gated_steps={record['gated_steps']}" in record["command"]
-        # one definition: what log_alpha > 0 keeps, as priced, is what the gated model was counted as keeping
-        assert {k: n for k, n in record["masks"]["binary"].items() if k != "total"} == metrics["gated"]["kept"]
+        # one definition: what the eval mode's mask keeps, as priced, is what the gated model was counted as keeping
+        mode = metrics["gated"]["gate_mode"]
+        assert {k: n for k, n in record["masks"][mode].items() if k != "total"} == metrics["gated"]["kept"]
         assert record["binary_kept"] == pytest.approx(metrics["budget"]["latency"]["binary_kept"])
         fit = metrics["costs"]  # the run's own fit prices those counts (every kind gated; latency has no phantom)
         price = lambda n: fit["base"] + sum(c * n[k] for k, c in fit["coefficients"].items())  # noqa: E731

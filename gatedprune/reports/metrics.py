@@ -77,11 +77,11 @@ def model_structures(model) -> list[tuple[str, int, int]]:
     return found
 
 
-def gated_structures(gates, model) -> tuple[dict[str, int], dict[str, int]]:
-    """``({kind: kept}, {kind: in the model})`` under the binary rule, for every kind ``model`` has: a gated kind as
-    its gates say (nesting-aware), a kind not gated whole, less what lies in a layer the plan drops (the export
-    counts those as removed too)."""
-    plan = gates.plan(note=False)
+def gated_structures(gates, model, rule: str = "binary") -> tuple[dict[str, int], dict[str, int]]:
+    """``({kind: kept}, {kind: in the model})`` under ``rule`` (the plan mode the gated model is evaluated in), for
+    every kind ``model`` has: a gated kind as its gates say (nesting-aware), a kind not gated whole, less what lies
+    in a layer the plan drops (the export counts those as removed too)."""
+    plan = gates.plan(rule, note=False)
     alive, dropped = gates.alive(plan), gates.dropped(plan)
     kept, total = dict.fromkeys(ALL_KINDS, 0), dict.fromkeys(ALL_KINDS, 0)
     for kind, layer, size in model_structures(model):
@@ -124,10 +124,12 @@ def run_metrics(module, trainer: L.Trainer, final: dict, *, seed: int, checkpoin
     """
     pruning, gates = module.pruning, module.gates
     gated = module.gates_trained  # False for a run that ended before pruning.start_step: a dense baseline
-    kept, in_model = gated_structures(gates, module.model)
+    # the gated column counts the model its BLEU was scored on: the eval mode's plan (log_alpha > 0 for a soft mode)
+    rule = module._eval_gate_mode() if module._eval_gate_mode() in PLAN_MODES else "binary"
+    kept, in_model = gated_structures(gates, module.model, rule)
     gated_numbers = {
         "bleu": final["val/bleu"], "chrf": final["val/chrf"], "val_loss": final["val/loss"],
-        "heads_alive": heads_only(gates.heads_alive() if gated else module.heads_total()),
+        "heads_alive": heads_only(gates.alive(gates.plan(rule, note=False)) if gated else module.heads_total()),
         "kept": kept if gated else in_model,
         "expected_open": final["val/expected_open"], "gate_mode": module._eval_gate_mode(),
     }
