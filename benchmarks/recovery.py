@@ -373,15 +373,19 @@ def choose_table(results: Path, targets=(LOW, HIGH), steps: int = 1000) -> str:
         spread = f" ± {v['std']:.2f}" if v["std"] is not None else ""
         return f"{v['mean']:.2f}{spread} (n={len(v['by_seed'])})"
 
+    def gap(chosen: dict, other: dict) -> str:
+        """The mean difference over the seeds both have (paired), and how many."""
+        both = [s for s in SEEDS if s in chosen and s in other]
+        return f"{sum(chosen[s] - other[s] for s in both) / len(both):+.2f} (n={len(both)})" if both else "-"
+
     rows = []
     for target, row in choose(results, targets, steps).items():
-        chosen = row[CHOSEN]["mean"]
+        chosen = row[CHOSEN]["by_seed"]
         for start, v in row.items():
-            gap = f"{chosen - v['mean']:+.2f}" if start != CHOSEN and None not in (chosen, v["mean"]) else ""
             rows.append((target, start, *(f"{v['by_seed'][s]:.2f}" if s in v["by_seed"] else "-" for s in SEEDS),
-                         cell(v), gap))
+                         cell(v), gap(chosen, v["by_seed"]) if start != CHOSEN else ""))
     return markdown_table(["target", "start", *(f"seed {s}" for s in SEEDS), f"test BLEU @{steps:,}, mean ± sd",
-                           f"{CHOSEN} minus it"], rows)
+                           f"{CHOSEN} minus it, same seeds"], rows)
 
 
 def records(results: Path) -> list[dict]:

@@ -590,8 +590,10 @@ def test_issue_38_s_table_takes_each_start_s_score_from_the_cell_that_measured_t
     assert row["even_layers"]["by_seed"] == {1234: 21.5, 1: 21.0}
     assert row["gates"] == {"by_seed": {}, "mean": None, "std": None}
     table = bench.choose_table(tmp_path, targets=(0.55,))
-    assert "| 0.55 | random | 19.00 | - | - | 19.00 (n=1) | +2.00 |" in table
-    assert "| 0.55 | even_layers | 21.50 | 21.00 | - | 21.25 ± 0.35 (n=2) | -0.25 |" in table
+    # the difference is paired: over the seeds both starts have
+    assert "| 0.55 | random | 19.00 | - | - | 19.00 (n=1) | +1.00 (n=1) |" in table
+    assert "| 0.55 | even_layers | 21.50 | 21.00 | - | 21.25 ± 0.35 (n=2) | -0.25 (n=2) |" in table
+    assert "| 0.55 | gates | - | - | - | - | - |" in table
     # the grid's cell is skipped where another group measured it (random at its own target; the run is not made)
     grid = {c.name: c for c in bench._grid()}
     records = bench.records(tmp_path)
