@@ -150,14 +150,24 @@ def run_cell(cell: Cell, runs: Path, results: Path, reuse: Path | None = None) -
         "gated": {"val_bleu": metrics["gated"]["bleu"], "kept": metrics["gated"]["kept"]},
         "export": {"val_bleu": metrics["bleu"], "kept": metrics["kept"]},
         "wall_s": round(time.time() - start, 1) if run == runs / cell.name else metrics["seconds"]["run"],
+        "reused": None if run == runs / cell.name else run.name,  # the recovery grid's run it was recorded from
         "machine": machine(),
     }
     record.update(final_gates(run, cell.target))
+    _count_eval_mode(record, metrics)
     if not cell.quick:  # the suite's smoke cells are not scored on the embedded corpus
         record["masks_val_bleu"] = masks_bleu(run)
     results.mkdir(parents=True, exist_ok=True)
     (results / f"{cell.name}.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
+
+
+def _count_eval_mode(record: dict, metrics: dict) -> None:
+    """What the gated model keeps in its eval mode, from its checkpoint's masks (a run made before metrics.json
+    counted the eval mode's plan counted log_alpha > 0)."""
+    mode = metrics["gated"].get("gate_mode", "binary")
+    record["gated"]["kept"] = {k: n for k, n in record["masks"].get(mode, record["masks"]["binary"]).items()
+                               if k != "total"}
 
 
 def final_gates(run: Path, target: float) -> dict:
@@ -206,15 +216,17 @@ def masks_bleu(run: Path) -> dict[str, float]:
     return scores
 
 
-def rescore(results: Path, runs: Path, bleu: bool = False) -> list[str]:
-    """The final gates of every cell whose run is here, into its json (cells measured before these fields); with
-    ``bleu``, also each plan mode's validation BLEU (``masks_bleu``)."""
+def rescore(results: Path, runs: Path, bleu: bool = False, reuse: Path | None = None) -> list[str]:
+    """The final gates of every cell whose run is here (or, for a cell recorded from the recovery grid's run, in
+    ``reuse``), into its json (cells measured before these fields); with ``bleu``, also each plan mode's validation
+    BLEU (``masks_bleu``)."""
     done = []
     for r in records(results):
-        run = runs / r["cell"]
+        run = reuse / r["reused"] if r.get("reused") and reuse is not None else runs / r["cell"]
         if not (run / "checkpoints" / "last.ckpt").is_file():
             continue
         r.update(final_gates(run, r["target"]))
+        _count_eval_mode(r, json.loads((run / "metrics.json").read_text()))
         if bleu:
             r["masks_val_bleu"] = masks_bleu(run)
         (results / f"{r['cell']}.json").write_text(json.dumps(r, indent=2) + "\n")
@@ -283,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             run_cell(cell, runs, args.results, args.reuse.resolve() if args.reuse else None)
     if args.stage == "rescore":
-        print("rescored: " + (", ".join(rescore(args.results, runs, args.bleu)) or "none (no run of a cell here)"))
+        reuse = args.reuse.resolve() if args.reuse else None
+        print("rescored: " + (", ".join(rescore(args.results, runs, args.bleu, reuse)) or "none (no run of a cell here)"))
     write_readme(args.results, "Gated phases against their latency target (benchmarks/gates.py)",
                  "Fractions of the dense model's predicted latency at the end of the gated phase, and how far off "
                  "the target; validation BLEU before any fine-tuning.", table(args.results))

@@ -204,6 +204,7 @@ def test_without_the_fill_the_export_is_the_gated_model_in_eval_mode(bart3, tmp_
         budget = CostBudget(gates, "latency", min(0.99, mask + 0.05), warmup_steps=0, ships="expected_size")
         rule, top_k = budget.export_rule()
         assert (rule, top_k) == ("expected_size", None)
+        assert gates.dropped(gates.plan(rule, note=False))  # a layer goes, with what its gates kept inside it
         export_gated(model, gates, tmp_path / "out", rule=rule, top_k=top_k)
         inputs = tiny_inputs(model)
         gates.set_mode("expected_size")

@@ -105,17 +105,6 @@ class HeadBudget(_Lagrangian):
         self.warmup_steps = warmup_steps
         self._multipliers(gates, len(self.groups))
 
-    def export_rule(self) -> tuple[str, float | int | None]:
-        """(rule, top_k) of the export: the most open structures whose cost fits the target; or, with ``ships``, the
-        gated model's own eval-mode mask, exactly the model validated (CoFiPruning's export), wherever it fits the
-        target, and the fill where it does not. The fill reinstates structures whose gates the model learned to do
-        without: it can score below the smaller mask it fills (docs/gates.md)."""
-        if self.ships is not None:
-            mask = torch.cat(self.gates[0].plan_mask(self.ships, note=False))
-            if self.kept_fraction(mask) <= self.target + 1e-9:
-                return self.ships, None
-        return self.unit, self.kept_allowed
-
     def target_fraction(self, gated_step: int) -> torch.Tensor:
         """t per group after ``gated_step`` gated steps: 1 (all open) ramping linearly to the final fraction.  # (G,)"""
         final = torch.tensor([self.targets[g] / n for g, n in zip(self.groups, self.heads)])
@@ -185,11 +174,16 @@ class CostBudget(_Lagrangian):
         gated model's own eval-mode mask, exactly the model validated (CoFiPruning's export), wherever it fits the
         target, and the fill where it does not. The fill reinstates structures whose gates the model learned to do
         without: it can score below the smaller mask it fills (docs/gates.md)."""
-        if self.ships is not None:
+        if self.ships is not None:  # "fits" as the fill counts it: the prunable cost kept within kept_allowed
             mask = torch.cat(self.gates[0].plan_mask(self.ships, note=False))
-            if self.kept_fraction(mask) <= self.target + 1e-9:
+            if self.costs.kept(self.gates[0], mask) <= self.kept_allowed + 1e-9 * abs(self.kept_allowed):
                 return self.ships, None
         return self.unit, self.kept_allowed
+
+    @property
+    def rule_key(self) -> list:
+        """What decides the export's rule, not the gates' values: a resumed run compares it with its checkpoint's."""
+        return [self.unit, self.kept_allowed, *([self.ships] if self.ships else [])]
 
     def target_fraction(self, gated_step: int) -> torch.Tensor:
         ramp = min(1.0, gated_step / self.warmup_steps) if self.warmup_steps > 0 else 1.0

@@ -300,11 +300,14 @@ class L0Budget(GatedPruning):
         self.cost_dirs = [Path(self.cost_dir)] if self.cost_dir else []
         if not isinstance(self.export_fill, bool):
             raise ValueError(f"pruning.export_fill={self.export_fill!r}; allowed: true or false")
-        if not self.export_fill and (self.cost_unit is None or self.eval_gate_mode not in PLAN_MODES):
-            raise ValueError(f"pruning.export_fill=false with pruning.eval_gate_mode={self.eval_gate_mode} and "
-                             f"{'no cost target' if self.cost_unit is None else 'a cost target'}: it ships the "
-                             f"eval-mode mask of a cost budget; allowed: with target_params, target_flops or "
-                             f"target_latency and eval_gate_mode in {', '.join(PLAN_MODES)}, or export_fill=true")
+        if not self.export_fill and self.cost_unit is None:
+            raise ValueError("pruning.export_fill=false with a head budget (no cost target): it decides a cost "
+                             "budget's export; allowed: with target_params, target_flops or target_latency, or "
+                             "export_fill=true")
+        if not self.export_fill and self.eval_gate_mode not in PLAN_MODES:
+            raise ValueError(f"pruning.export_fill=false ships the eval-mode mask, and pruning.eval_gate_mode="
+                             f"{self.eval_gate_mode} is not a mask; allowed: eval_gate_mode in "
+                             f"{', '.join(PLAN_MODES)}, or export_fill=true")
         if self.target_warmup_steps < 0:  # a negative ramp would act as none without a word
             raise ValueError(f"pruning.target_warmup_steps={self.target_warmup_steps} is negative; allowed: an "
                              "integer >= 0")

@@ -41,7 +41,8 @@ def finalise(session: Session, val_pairs) -> dict:
     export = exported = finetuned = speed = None
     if export_cfg.enabled:
         rule, top_k = module.pruning.export_rule(module.budget)  # a head budget is met exactly: top-k per group
-        if rule == "binary" and export_cfg.rule != "binary":  # export.rule=top-k export.top_k=N overrides the gates'
+        # export.rule=top-k export.top_k=N overrides the gates' binary rule, never a budget's
+        if module.budget is None and rule == "binary" and export_cfg.rule != "binary":
             rule, top_k = export_cfg.rule, export_cfg.top_k
         shipped = ship(session, val_pairs, rule=rule, top_k=top_k, out_dir=Path(export_cfg.out_dir),
                        finetune_dir=Path(session.tuning.out_dir), score_test=module.gates_trained and has_test)

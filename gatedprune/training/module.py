@@ -245,7 +245,7 @@ class GatedSeq2Seq(L.LightningModule):
         scores.update({"val/expected_open" + ("" if k == "total" else f"_{k}"): v for k, v in expected.items()})
         if self.gates_trained and self.budget is not None:  # a budget's target beside where the gates are now
             scores.update({f"val/budget_{group}_{key}": value for group, state in self.budget.report().items()
-                           for key, value in state.items() if isinstance(value, float) and key != "target"})
+                           for key, value in state.items() if not isinstance(value, str) and key != "target"})
         self.log_dict(scores, prog_bar=False, batch_size=1)
         self.signature = corpus["sacrebleu_signature"]
         if not self.trainer.sanity_checking and not self.gates_trained:
@@ -337,16 +337,21 @@ class GatedSeq2Seq(L.LightningModule):
         checkpoint["dense_test"] = self.dense_test
         checkpoint["plan_changes"] = self.plan_changes
         checkpoint["last_plan"] = self._last_plan
-        checkpoint["last_plan_rule"] = list(self.pruning.export_rule(self.budget))
+        checkpoint["last_plan_rule"] = self._rule_key()
         checkpoint["teacher_ready"] = self._teacher_ready
         checkpoint["skipped_steps"] = self.skipped_steps
+
+    def _rule_key(self) -> list:
+        """The export rule as settings decide it (a cost budget's ``rule_key``: not the gates' values, which a resumed
+        run has not loaded yet when it compares)."""
+        return self.budget.rule_key if hasattr(self.budget, "rule_key") else list(self.pruning.export_rule(self.budget))
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.dense_metrics = checkpoint.get("dense_metrics", {})
         self.dense_test = checkpoint.get("dense_test")
         self.bad_steps.total = checkpoint.get("skipped_steps", 0)
         self.plan_changes = checkpoint.get("plan_changes", [])
-        same_rule = checkpoint.get("last_plan_rule") == list(self.pruning.export_rule(self.budget))
+        same_rule = checkpoint.get("last_plan_rule") == self._rule_key()
         self._last_plan = checkpoint.get("last_plan") if same_rule or not checkpoint.get("plan_changes") else None
         self._teacher_ready = checkpoint.get("teacher_ready", False)
         state = checkpoint["state_dict"]
