@@ -205,12 +205,12 @@ class CostBudget(_Lagrangian):
         CoFiPruning's expected size per kind), each as its plan keeps it (the decoder's floor included), and the
         export's plan (``export_rule``)."""
         gates = self.gates[0]
-        rule, top_k = self.export_rule()
+        shipped, top_k = self.export_rule()
         return {self.unit: {"target": self.target, "expected_kept": self.expected_fraction().item(),
-                            **{f"{rule}_kept": self.kept_fraction(torch.cat(gates.plan_mask(rule, note=False)))
-                               for rule in PLAN_MODES},
-                            "plan_kept": self.kept_fraction(torch.cat(gates.plan_mask(rule, top_k, note=False))),
-                            "plan_rule": rule}}
+                            **{f"{mode}_kept": self.kept_fraction(torch.cat(gates.plan_mask(mode, note=False)))
+                               for mode in PLAN_MODES},
+                            "plan_kept": self.kept_fraction(torch.cat(gates.plan_mask(shipped, top_k, note=False))),
+                            "plan_rule": shipped}}
 
     def forward(self, gated_step: int) -> torch.Tensor:
         gap = self.expected_fraction() - self.target_fraction(gated_step).to(self.lambda1.device)  # (1,)
