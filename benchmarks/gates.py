@@ -131,10 +131,11 @@ def _ran(run: Path) -> str:
 
 
 def run_cell(cell: Cell, runs: Path, results: Path, reuse: Path | None = None) -> dict:
-    run = reused_run(cell, reuse) or runs / cell.name
+    reused = reused_run(cell, reuse)
+    run = reused or runs / cell.name
     args = [recovery._python(), str(ROOT / "train.py"), *cell.args(runs)]
     start = time.time()
-    if run == runs / cell.name:
+    if reused is None:
         recovery._run(args, runs / f"{cell.name}.log")
     metrics = json.loads((run / "metrics.json").read_text())
     export = json.loads((run / "pruned" / "export_report.json").read_text())
@@ -142,15 +143,15 @@ def run_cell(cell: Cell, runs: Path, results: Path, reuse: Path | None = None) -
     record = {
         "cell": cell.name, "protocol": cell.protocol.name, "target": cell.target, "seed": cell.seed,
         "gated_steps": cell.gated_steps,
-        "command": recovery._shown(args[1:], runs) if run == runs / cell.name else _ran(run),
+        "command": _ran(reused) if reused else recovery._shown(args[1:], runs),
         "trajectory": _trajectory(run),
         "expected_kept": budget["expected_kept"], "binary_kept": budget["binary_kept"],
         "plan_kept": budget["plan_kept"], "export_predicted": export["predicted"]["latency"],
         "decided_by_rule": export["decided_by_rule"],
         "gated": {"val_bleu": metrics["gated"]["bleu"], "kept": metrics["gated"]["kept"]},
         "export": {"val_bleu": metrics["bleu"], "kept": metrics["kept"]},
-        "wall_s": round(time.time() - start, 1) if run == runs / cell.name else metrics["seconds"]["run"],
-        "reused": None if run == runs / cell.name else run.name,  # the recovery grid's run it was recorded from
+        "wall_s": metrics["seconds"]["run"] if reused else round(time.time() - start, 1),
+        "reused": reused.name if reused else None,  # the recovery grid's run it was recorded from
         "machine": machine(),
     }
     record.update(final_gates(run, cell.target))
