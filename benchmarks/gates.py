@@ -8,8 +8,8 @@ keep, and both models' validation BLEU (the export gap before recovery). A cell 
 
     .venv/bin/python benchmarks/gates.py run --runs RUNS/gates                  # every cell not yet done
     .venv/bin/python benchmarks/gates.py run --runs RUNS/gates --cell <name>    # one (several processes at once)
-    .venv/bin/python benchmarks/gates.py run --runs RUNS/gates --reuse RUNS/recovery  # settle_300 from the recovery
-                                                                                # grid's gates_settled exports
+    .venv/bin/python benchmarks/gates.py run --runs RUNS/gates --reuse RUNS/recovery  # settle_300 and nash_300 from
+                                                                                # the recovery grid's exports
     .venv/bin/python benchmarks/gates.py rescore --runs RUNS/gates --bleu       # final gates of the kept runs
     .venv/bin/python benchmarks/gates.py table                                  # docs/benchmarks/gates/README.md
 """
@@ -59,6 +59,9 @@ PROTOCOLS = (
     # meet the target around settled layers for the last 200 steps; evaluated with CoFi's expected-size mask and
     # exported as it where it fits (the recovery grid's gates_settled: the same run)
     Protocol("settle_300", recovery.SETTLED, 300, 100, (1234, 1, 2), "gates_settled"),
+    # the same without encoder layer gates (NASH's split: the encoder narrowed, never dropped; the recovery grid's
+    # gates_nash): at seed 1 settle_300 settled the whole encoder closed at both targets
+    Protocol("nash_300", recovery.NASH, 300, 100, (1234, 1, 2), "gates_nash"),
 )
 
 
@@ -165,10 +168,10 @@ def run_cell(cell: Cell, runs: Path, results: Path, reuse: Path | None = None) -
 
 def _count_eval_mode(record: dict, metrics: dict) -> None:
     """What the gated model keeps in its eval mode, from its checkpoint's masks (a run made before metrics.json
-    counted the eval mode's plan counted log_alpha > 0)."""
+    counted the eval mode's plan counted log_alpha > 0); a kind that was not gated keeps what the run counted."""
     mode = metrics["gated"].get("gate_mode", "binary")
-    record["gated"]["kept"] = {k: n for k, n in record["masks"].get(mode, record["masks"]["binary"]).items()
-                               if k != "total"}
+    masks = {k: n for k, n in record["masks"].get(mode, record["masks"]["binary"]).items() if k != "total"}
+    record["gated"]["kept"] = {**metrics["gated"]["kept"], **masks}
 
 
 def final_gates(run: Path, target: float) -> dict:
@@ -248,11 +251,16 @@ def _off(value: float, target: float) -> str:
     return f"{value:.3f} ({off:+.1f}%)"
 
 
+def _layers(kept: dict) -> str:
+    """Encoder + decoder layers kept; a mask has no count for a stack whose layers were not gated (nash_300's
+    encoder): it keeps them all."""
+    return " + ".join(str(kept[kind]) if kind in kept else "all" for kind in ("encoder_layer", "decoder_layer"))
+
+
 def table(results: Path) -> str:
     rows = []
     for r in records(results):
-        layers = (f"{r['gated']['kept']['encoder_layer']} + {r['gated']['kept']['decoder_layer']} / "
-                  f"{r['export']['kept']['encoder_layer']} + {r['export']['kept']['decoder_layer']}")
+        layers = f"{_layers(r['gated']['kept'])} / {_layers(r['export']['kept'])}"
         size = r.get("expected_size_kept")
         masks = r.get("masks", {}).get("expected_size")
         bleu = r.get("masks_val_bleu")
@@ -261,7 +269,7 @@ def table(results: Path) -> str:
                      _off(r["plan_kept"], r["target"]),
                      f"{bleu['binary']:.2f} / {bleu['expected_size']:.2f} / {r['export']['val_bleu']:.2f}" if bleu
                      else f"{r['gated']['val_bleu']:.2f} / - / {r['export']['val_bleu']:.2f}", layers,
-                     f"{masks['encoder_layer']} + {masks['decoder_layer']}" if masks else "-",
+                     _layers(masks) if masks else "-",
                      ", ".join(f"{a:.2f}" for a in r.get("layer_log_alpha", {}).get("decoder_layer", [])) or "-",
                      r["decided_by_rule"]])
     return markdown_table(["protocol", "target", "seed", "gated steps", "expected kept", "log_alpha > 0",

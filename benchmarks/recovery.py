@@ -74,7 +74,11 @@ class GatedPhase:
 # mode CoFi's expected-size mask, exported as that mask where it fits the target (no fill: the fill's export scored
 # 3.7 validation BLEU below its gated model at 0.55); the only protocol whose three costs came within 3% of both targets
 SETTLED = ("pruning.target_warmup_steps=50", "pruning.eval_gate_mode=expected_size", "pruning.export_fill=false")
-GATES = {"gates": GatedPhase(), "gates_settled": GatedPhase(300, 100, SETTLED)}
+# NASH's split (Ko et al. 2023: a narrow encoder, a shallow decoder): the settled protocol without encoder layer gates,
+# so the encoder keeps every layer and is only narrowed, and the decoder's depth is learned and settled; at seed 1
+# settling rounded the encoder's expected layer count to 0 at both targets (docs/gates.md 0e)
+NASH = (*SETTLED, "pruning.kinds=[encoder,decoder,cross,encoder_ffn,decoder_ffn,decoder_layer]")
+GATES = {"gates": GatedPhase(), "gates_settled": GatedPhase(300, 100, SETTLED), "gates_nash": GatedPhase(300, 100, NASH)}
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,7 @@ REAL = Setting()
 
 @dataclass(frozen=True)
 class Export:
-    """A cut model: ``start`` (gates, gates_settled, random, even_layers) at ``target`` of the predicted latency,
+    """A cut model: ``start`` (a key of GATES, random, even_layers) at ``target`` of the predicted latency,
     ``seed``; or the teacher itself (``start`` teacher, target 1.0: every decoder layer kept, nothing removed) for its
     own steps. Even layers keep the depth that the gates of ``depth_of`` kept at this target and seed."""
 
@@ -105,6 +109,12 @@ class Export:
     seed: int = 1234
     setting: Setting = REAL
     depth_of: str = "gates"
+
+    @property
+    def label(self) -> str:
+        """The start, and for even layers whose depth is not the preset gates' the start whose depth they keep
+        (one cell per candidate in a recovery's name)."""
+        return self.start + (f"_as_{self.depth_of}" if self.start == "even_layers" and self.depth_of != "gates" else "")
 
     @property
     def name(self) -> str:
@@ -160,7 +170,7 @@ class Recovery:
 
     @property
     def name(self) -> str:
-        start = "scratch" if self.init == "scratch" else self.export.start
+        start = "scratch" if self.init == "scratch" else self.export.label
         return f"{self.group}_{start}_{self.export.target}_s{self.export.seed}_{self.steps}_lr{self.lr:g}"
 
     @property
@@ -202,11 +212,17 @@ def _grid(setting: Setting = REAL) -> list[Recovery]:
     # (and at the default run's steps: the fair reference of its final table)
     reference = [Recovery("reference", Export("teacher", 1.0, setting=setting), steps(2000), lr=TEACHER_LR,
                           decay="constant", warmup_steps=0, extra_budgets=(steps(DEFAULT_RUN_STEPS),))]
-    # issue 38's table: the settled gates against random structures and even layers at the settled gates' depth, both
-    # targets, three seeds, the weights at 1,000 steps (a cell measured in another group at those steps stands in)
-    choose = [Recovery("choose", Export(start, target, seed, setting, depth_of="gates_settled"), steps(1000))
-              for seed in SEEDS for target in (low, high) for start in ("gates_settled", "random", "even_layers")]
-    return lr + curves + seeds + reference + choose
+    # issue 38's tables: each candidate against random structures and even layers at that candidate's depth, both
+    # targets, three seeds, the weights at 1,000 steps (a cell measured in another group at those steps stands in;
+    # random structures do not depend on the candidate: one cell each)
+    choose = {}
+    for chosen in CANDIDATES:
+        for seed in SEEDS:
+            for target in (low, high):
+                for start in (chosen, "random", "even_layers"):
+                    cell = Recovery("choose", Export(start, target, seed, setting, depth_of=chosen), steps(1000))
+                    choose.setdefault(cell.name, cell)
+    return lr + curves + seeds + reference + list(choose.values())
 
 
 def _teacher_layers(setting: Setting) -> int:
@@ -332,25 +348,25 @@ def stand_in(cell: Recovery, cells: list[dict], runs: Path) -> dict | None:
                                cell.warmup)), None)
 
 
-CHOSEN = "gates_settled"  # issue 38's starts, compared with the settled gates
+CANDIDATES = ("gates_settled", "gates_nash")  # issue 38's candidate protocols, each compared with the other starts
 RIVALS = ("gates", "random", "even_layers")
 
 
-def choose(results: Path, targets=(LOW, HIGH), steps: int = 1000) -> dict:
+def choose(results: Path, targets=(LOW, HIGH), steps: int = 1000, chosen: str = CANDIDATES[0]) -> dict:
     """Issue 38's comparison from the cells: per target and start, test BLEU after ``steps`` of recovery by seed
-    (even layers at the depth the settled gates kept at that seed), with mean and standard deviation."""
+    (even layers at the depth the ``chosen`` gates kept at that seed), with mean and standard deviation."""
     import statistics
 
     cells = records(results)
     out = {}
     for target in targets:
         row = {}
-        for start in (CHOSEN, *RIVALS):
+        for start in (chosen, *(c for c in CANDIDATES if c != chosen), *RIVALS):
             scores = {}
             for seed in SEEDS:
                 depth = None
                 if start == "even_layers":
-                    gates = next((r for r in cells if r["start"] == CHOSEN and r["target"] == target
+                    gates = next((r for r in cells if r["start"] == chosen and r["target"] == target
                                   and r["seed"] == seed), None)
                     if gates is None:
                         continue
@@ -366,7 +382,7 @@ def choose(results: Path, targets=(LOW, HIGH), steps: int = 1000) -> dict:
     return out
 
 
-def choose_table(results: Path, targets=(LOW, HIGH), steps: int = 1000) -> str:
+def choose_table(results: Path, targets=(LOW, HIGH), steps: int = 1000, chosen: str = CANDIDATES[0]) -> str:
     def cell(v: dict) -> str:
         if v["mean"] is None:
             return "-"
@@ -379,13 +395,13 @@ def choose_table(results: Path, targets=(LOW, HIGH), steps: int = 1000) -> str:
         return f"{sum(chosen[s] - other[s] for s in both) / len(both):+.2f} (n={len(both)})" if both else "-"
 
     rows = []
-    for target, row in choose(results, targets, steps).items():
-        chosen = row[CHOSEN]["by_seed"]
+    for target, row in choose(results, targets, steps, chosen).items():
+        ours = row[chosen]["by_seed"]
         for start, v in row.items():
             rows.append((target, start, *(f"{v['by_seed'][s]:.2f}" if s in v["by_seed"] else "-" for s in SEEDS),
-                         cell(v), gap(chosen, v["by_seed"]) if start != CHOSEN else ""))
+                         cell(v), gap(ours, v["by_seed"]) if start != chosen else ""))
     return markdown_table(["target", "start", *(f"seed {s}" for s in SEEDS), f"test BLEU @{steps:,}, mean ± sd",
-                           f"{CHOSEN} minus it, same seeds"], rows)
+                           f"{chosen} minus it, same seeds"], rows)
 
 
 def records(results: Path) -> list[dict]:
@@ -623,8 +639,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.stage == "quick" else {}  # the smoke model's dense run stands in for the teacher
         measure(args.results, runs, setting=setting, **quick)
     text = "\n".join(answers(args.results, setting.targets)) + "\n\n" + table(args.results)
-    text += (f"\n\n## Issue 38: the settled gates against the other starts, {min(1000, max(setting.budgets)):,} steps\n\n"
-             + choose_table(args.results, setting.targets, min(1000, max(setting.budgets))))
+    for chosen in CANDIDATES:
+        text += (f"\n\n## Issue 38: {chosen} against the other starts, {min(1000, max(setting.budgets)):,} steps\n\n"
+                 + choose_table(args.results, setting.targets, min(1000, max(setting.budgets)), chosen))
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "README.md").write_text("# Recovery cells (benchmarks/recovery.py)\n\n" + text)
     if records(args.results):

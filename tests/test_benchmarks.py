@@ -600,3 +600,17 @@ def test_issue_38_s_table_takes_each_start_s_score_from_the_cell_that_measured_t
     assert bench.stand_in(grid["choose_random_0.55_s1234_1000_lr0.002"], records, tmp_path)["cell"] == \
         "curve_random_0.55_s1234"
     assert bench.stand_in(grid["choose_random_0.55_s1_1000_lr0.002"], records, tmp_path) is None
+    # a second candidate: its own table, even layers at its own depth (2 at seed 1), the first candidate a row of it
+    cell("choose_gates_nash_0.55_s1", "gates_nash", 0.55, 1, 2, {1000: 23.0})
+    nash = bench.choose(tmp_path, targets=(0.55,), chosen="gates_nash")[0.55]
+    assert nash["gates_nash"]["by_seed"] == {1: 23.0} and nash["even_layers"]["by_seed"] == {1: 21.0}
+    assert nash["gates_settled"]["by_seed"] == {1234: 20.0, 1: 22.0}
+    table = bench.choose_table(tmp_path, targets=(0.55,), chosen="gates_nash")
+    assert "gates_nash minus it, same seeds" in table
+    assert "| 0.55 | even_layers | - | 21.00 | - | 21.00 (n=1) | +2.00 (n=1) |" in table
+    assert "| 0.55 | gates_settled | 20.00 | 22.00 | - | 21.00 ± 1.41 (n=2) | +1.00 (n=1) |" in table
+    # the grid: one even-layers cell per candidate (each keeps its candidate's depth), one random cell per seed
+    choose = [c.name for c in bench._grid() if c.group == "choose"]
+    assert len(choose) == len(set(choose)) == len(bench.CANDIDATES) * 2 * len(bench.SEEDS) * 2 + 2 * len(bench.SEEDS)
+    even = grid["choose_even_layers_as_gates_nash_0.55_s1_1000_lr0.002"].export
+    assert even.gates.start == "gates_nash" and even.name == "export_even_layers_0.55_s1_as_gates_nash"

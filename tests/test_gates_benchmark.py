@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gatedprune.costs.timers import TIMERS
-from helpers import fake_timer, load_benchmark
+from helpers import compose_train, fake_timer, load_benchmark
 
 
 def test_every_protocol_is_recorded_with_its_three_costs_beside_the_target(tmp_path, monkeypatch, capsys):
@@ -35,17 +35,28 @@ def test_every_protocol_is_recorded_with_its_three_costs_beside_the_target(tmp_p
         assert record["export"]["kept"] == metrics["kept"] and record["gated"]["kept"] == metrics["gated"]["kept"]
         assert f"gated_steps={record['gated_steps']}" in record["command"]
         # one definition: what the eval mode's mask keeps, as priced, is what the gated model was counted as keeping
+        # (a kind that was not gated, nash_300's encoder layers, has no mask: the run kept every one)
         mode = metrics["gated"]["gate_mode"]
-        assert {k: n for k, n in record["masks"][mode].items() if k != "total"} == metrics["gated"]["kept"]
+        whole = {k: n for k, n in metrics["kept_total"].items() if k not in record["masks"][mode]}
+        assert {**whole, **{k: n for k, n in record["masks"][mode].items() if k != "total"}} == metrics["gated"]["kept"]
+        assert set(whole) == ({"encoder_layer"} if record["protocol"] == "nash_300" else set())
         assert record["binary_kept"] == pytest.approx(metrics["budget"]["latency"]["binary_kept"])
         fit = metrics["costs"]  # the run's own fit prices those counts (every kind gated; latency has no phantom)
         price = lambda n: fit["base"] + sum(c * n[k] for k, c in fit["coefficients"].items())  # noqa: E731
         for rule in ("binary", "expected_size"):
-            assert record[f"{rule}_kept"] == pytest.approx(price(record["masks"][rule]) / price(metrics["kept_total"]))
+            assert record[f"{rule}_kept"] == pytest.approx(price({**whole, **record["masks"][rule]})
+                                                           / price(metrics["kept_total"]))
         assert record["expected_size_kept"] == pytest.approx(metrics["budget"]["latency"]["expected_size_kept"])
         assert record["masks"]["binary"]["decoder_layer"] >= 1 and record["masks"]["expected_size"]["decoder_layer"] >= 1
         assert len(record["layer_log_alpha"]["decoder_layer"]) == metrics["kept_total"]["decoder_layer"]
-    row = next(line for line in (results / "README.md").read_text().splitlines() if line.startswith("| default |"))
+    # nash_300 gates no encoder layer: its gated model and export keep every one, and the table says so
+    nash = next(r for r in records if r["protocol"] == "nash_300")
+    assert "encoder_layer" not in nash["masks"]["expected_size"]
+    smoke = compose_train(tmp_path / "compose", "experiment=smoke").model.from_scratch.encoder_layers
+    assert nash["gated"]["kept"]["encoder_layer"] == nash["export"]["kept"]["encoder_layer"] == smoke
+    readme = (results / "README.md").read_text()
+    assert f"| all + {nash['masks']['expected_size']['decoder_layer']} | " in readme  # the expected-size column
+    row = next(line for line in readme.splitlines() if line.startswith("| default |"))
     first = records[0]
     assert f"| {bench._off(first['binary_kept'], first['target'])} |" in row
     assert bench._off(0.5499, 0.55) == "0.550 (+0.0%)" and bench._off(0.5, 0.55) == "0.500 (-9.1%)"
