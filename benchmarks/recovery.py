@@ -508,15 +508,38 @@ def _run_teacher(run: Path):
     return lambda: checkpoint_model(load_checkpoint_file(path)), AutoTokenizer.from_pretrained(run / "tokenizer")
 
 
-def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_tokens: int = 32,
-            repeats: int = 3, setting: Setting = REAL) -> dict:
-    """Time the final model of every finished cell against the teacher (and a copy of it: the noise floor) in one
-    process, generate() and CTranslate2 int8, batch 1 and 32, one thread; each cell's json gets its ``speed`` (over
-    the teacher in the same runtime).
+def _timing_model(group: list[dict], export: "Export | None", runs: Path) -> tuple[Path | None, str]:
+    """A model with the shapes of ``group`` (cells recovered from one export: the same shapes, whatever their
+    weights) and what it is: a cell's fine-tuned model, else the export, else the export made again by its command
+    (None where that keeps other shapes than the cells recorded: another machine's gates may cut otherwise)."""
+    for r in group:
+        if (runs / r["cell"] / "pruned_finetuned").is_dir():
+            return runs / r["cell"] / "pruned_finetuned", f"the fine-tuned model of {r['cell']}"
+    if export is None:
+        return None, "its run is gone and it is not a cell of the grid"
+    present = (runs / export.name / "status.json").is_file()
+    model_dir = run_export(export, runs)
+    if not present:
+        from gatedprune import load_pruned
 
-    A cell whose run is gone (another machine) is timed on its export, made again by the same command (every cell
-    shares one latency table, so the cut is the same): its fine-tuned model has the export's shapes, and exactly
-    ``new_tokens`` are generated per sentence, so the time does not depend on the weights."""
+        kept = {stack: len(k) for stack, k in _plan(model_dir)["kept_layers"].items()}
+        params = sum(p.numel() for p in load_pruned(model_dir).parameters())
+        if (kept, params) != (group[0]["kept_layers"], group[0]["params"]):
+            return None, (f"its export made again keeps {kept} layers and {params:,} parameters, the cell's "
+                          f"{group[0]['kept_layers']} and {group[0]['params']:,}: time it where it ran")
+        return model_dir, f"{export.name}, made again (the same shapes)"
+    return model_dir, f"{export.name} (the same shapes)"
+
+
+def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_tokens: int = 32,
+            repeats: int = 5, setting: Setting = REAL) -> dict:
+    """Time the final model of every finished cell against the teacher (and a copy of it: the noise floor) in one
+    process, generate() and CTranslate2 int8, batch 1 and 32, one thread, the median of ``repeats`` interleaved
+    repeats; each cell's json gets its ``speed`` (over the teacher in the same runtime).
+
+    Cells recovered from one export have its shapes, and exactly ``new_tokens`` are generated per sentence, so the
+    time does not depend on the weights: each export is timed once, on whichever model of its shapes is here
+    (``_timing_model``); a cell with none keeps no speed, and ``speed.json`` says why."""
     import tempfile
 
     from runtimes import Variant, timed
@@ -526,28 +549,24 @@ def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_to
 
     load, tokenizer = teacher or _kept_teacher()
     grid = {cell.name: cell for cell in _grid(setting)}
-    cells, timed_on, models = [], {}, {}
+    groups: dict[str, list[dict]] = {}
     for r in records(results):
-        final = runs / r["cell"] / "pruned_finetuned"
-        remade = not final.is_dir() and r["cell"] in grid
-        if remade:
-            final = run_export(grid[r["cell"]].export, runs)
-        if not final.is_dir():
+        key = grid[r["cell"]].export.name if r["cell"] in grid else r["cell"]
+        groups.setdefault(key, []).append(r)
+    models, timed_on, not_timed = {}, {}, {}
+    for key, group in groups.items():
+        export = grid[group[0]["cell"]].export if group[0]["cell"] in grid else None
+        path, said = _timing_model(group, export, runs)
+        if path is None:
+            print(f"{key}: not timed ({said})")
+            not_timed.update({r["cell"]: said for r in group})
             continue
-        model = load_pruned(final)
-        if remade:  # another machine's gates may have cut otherwise
-            kept = {stack: len(k) for stack, k in _plan(final)["kept_layers"].items()}
-            params = sum(p.numel() for p in model.parameters())
-            if (kept, params) != (r["kept_layers"], r["params"]):
-                raise ValueError(f"{r['cell']}: its export made again keeps {kept} layers and {params:,} parameters, "
-                                 f"the cell's {r['kept_layers']} and {r['params']:,}; allowed: time it where it ran")
-        cells.append(r)
-        timed_on[r["cell"]], models[r["cell"]] = final, model
+        models[key], timed_on[key] = load_pruned(path), said
     with tempfile.TemporaryDirectory(prefix="recovery-") as work:
         teacher = load()
         variants = [Variant("teacher", teacher, tokenizer, Path(work), onnx=False),
                     Variant("teacher copy", load(), tokenizer, Path(work), onnx=False)]
-        variants += [Variant(r["cell"], models[r["cell"]], tokenizer, Path(work), onnx=False) for r in cells]
+        variants += [Variant(key, model, tokenizer, Path(work), onnx=False) for key, model in models.items()]
         sources = random_sources(teacher, sentences, 32).tolist()
         times = {batch: timed(variants, ["transformers", "ct2 int8"], [[s] for s in sources] if batch == 1
                               else [sources], 1, new_tokens, repeats) for batch in (1, 32)}
@@ -556,13 +575,13 @@ def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_to
         return {f"{label} b{batch}": times[batch][("teacher", runtime)].cpu / times[batch][(name, runtime)].cpu
                 for batch in (1, 32) for runtime, label in (("transformers", "generate()"), ("ct2 int8", "ct2 int8"))}
 
-    for r in cells:
-        r["speed"] = speed(r["cell"])
-        r["speed_timed_on"] = "the fine-tuned model" if timed_on[r["cell"]].name == "pruned_finetuned" else \
-            "its export (the same shapes)"
-        (results / f"{r['cell']}.json").write_text(json.dumps(r, indent=1) + "\n")
+    for key in models:
+        for r in groups[key]:
+            r["speed"], r["speed_timed_on"] = speed(key), timed_on[key]
+            (results / f"{r['cell']}.json").write_text(json.dumps(r, indent=1) + "\n")
     floor = {"noise_floor": speed("teacher copy"), "machine": machine(), "sentences": sentences,
-             "new_tokens": new_tokens, "repeats": repeats, "cells": [r["cell"] for r in cells]}
+             "new_tokens": new_tokens, "repeats": repeats,
+             "cells": [r["cell"] for key in models for r in groups[key]], "not_timed": not_timed}
     (results / "speed.json").write_text(json.dumps(floor, indent=1) + "\n")
     return floor
 

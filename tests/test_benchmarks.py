@@ -532,18 +532,36 @@ def test_recovery_quick_recovers_the_gates_export_and_its_shape_from_scratch(tmp
     answer = next(line for line in (results / "README.md").read_text().splitlines() if line.startswith("- **0.85"))
     above = all(pruned["test_bleu_at"][b] > scratch["test_bleu_at"][b] for b in pruned["test_bleu_at"])
     assert ("above the same shape trained from scratch at every budget" in answer) == above, answer
-    assert {r["speed_timed_on"] for r in records.values()} == {"the fine-tuned model"}
-    # a cell whose run is gone (another machine) is timed on its export, made again by its own command
+    # cells recovered from one export have its shapes: one model of them is timed for both
+    assert {r["speed_timed_on"] for r in records.values()} == {f"the fine-tuned model of {pruned['cell']}"}
+    assert pruned["speed"] == scratch["speed"]
+    # a cell whose run is gone (another machine) is timed on another model of its shapes, else on its export, else
+    # on its export made again by its own command
     import shutil
 
+    export = pruned["cell"].replace("curve_gates", "export_gates").rsplit("_", 2)[0]
+
+    def timed_on() -> set[str]:
+        bench.measure(results, runs, teacher=bench._run_teacher(runs / "dense"), sentences=2, new_tokens=4,
+                      repeats=1, setting=bench._quick(runs))
+        return {r["speed_timed_on"] for r in bench.records(results)}
+
     shutil.rmtree(runs / pruned["cell"] / "pruned_finetuned")
-    shutil.rmtree(runs / pruned["cell"].replace("curve_gates", "export_gates").rsplit("_", 2)[0])
-    bench.measure(results, runs, teacher=bench._run_teacher(runs / "dense"), sentences=2, new_tokens=4, repeats=1,
-                  setting=bench._quick(runs))
-    again = {r["init"]: r for r in bench.records(results)}
-    assert again["export"]["speed_timed_on"] == "its export (the same shapes)"
-    assert again["scratch"]["speed_timed_on"] == "the fine-tuned model"
-    assert set(again["export"]["speed"]) == set(bench.SPEED_KEYS)
+    assert timed_on() == {f"the fine-tuned model of {scratch['cell']}"}
+    shutil.rmtree(runs / scratch["cell"] / "pruned_finetuned")
+    assert timed_on() == {f"{export} (the same shapes)"}
+    shutil.rmtree(runs / export)
+    assert timed_on() == {f"{export}, made again (the same shapes)"}
+    assert all(set(r["speed"]) == set(bench.SPEED_KEYS) for r in bench.records(results))
+    # made again with other shapes (another machine's gates): not timed, and speed.json says why
+    for r in bench.records(results):
+        (results / f"{r['cell']}.json").write_text(json.dumps({**r, "params": r["params"] + 1, "speed": None}))
+    shutil.rmtree(runs / export)
+    floor = bench.measure(results, runs, teacher=bench._run_teacher(runs / "dense"), sentences=2, new_tokens=4,
+                          repeats=1, setting=bench._quick(runs))
+    assert floor["cells"] == [] and set(floor["not_timed"]) == {pruned["cell"], scratch["cell"]}
+    assert "time it where it ran" in floor["not_timed"][pruned["cell"]]
+    assert all(r["speed"] is None for r in bench.records(results))
 
 
 def test_the_recovery_reference_is_the_teacher_s_own_schedule_scored_at_the_default_run_s_steps(tmp_path):
