@@ -404,6 +404,22 @@ def choose_table(results: Path, targets=(LOW, HIGH), steps: int = 1000, chosen: 
                            f"{chosen} minus it, same seeds"], rows)
 
 
+GATES_PAGE = ROOT / "docs" / "gates.md"
+
+
+def fill_choose_tables(results: Path, page: Path = GATES_PAGE) -> str:
+    """docs/gates.md's choose tables, each between ``<!-- choose table CANDIDATE -->`` and ``<!-- end choose table
+    -->``, made again from the cells (the page's numbers are the jsons'); the page as written."""
+    import re
+
+    text = page.read_text()
+    for chosen in CANDIDATES:
+        block = re.compile(rf"(<!-- choose table {chosen} -->\n).*?(\n<!-- end choose table -->)", re.S)
+        text = block.sub(lambda m: m.group(1) + choose_table(results, chosen=chosen) + "\n" + m.group(2), text)
+    page.write_text(text)
+    return text
+
+
 def records(results: Path) -> list[dict]:
     """The finished cells' jsons in ``results`` (other files there, the latency table, are not cells)."""
     found = [json.loads(path.read_text()) for path in sorted(results.glob("*.json"))]
@@ -661,6 +677,8 @@ def main(argv: list[str] | None = None) -> int:
     for chosen in CANDIDATES:
         text += (f"\n\n## Issue 38: {chosen} against the other starts, {min(1000, max(setting.budgets)):,} steps\n\n"
                  + choose_table(args.results, setting.targets, min(1000, max(setting.budgets)), chosen))
+    if args.stage == "table" and args.results.resolve() == RESULTS.resolve():
+        fill_choose_tables(args.results)
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "README.md").write_text("# Recovery cells (benchmarks/recovery.py)\n\n" + text)
     if records(args.results):

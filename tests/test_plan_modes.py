@@ -236,3 +236,22 @@ def test_without_the_fill_a_run_whose_mask_is_over_the_target_fills_to_it(tmp_pa
     assert budget["plan_rule"] == "latency" and budget["plan_kept"] <= 0.6
     assert report["predicted"]["latency"] == pytest.approx(budget["plan_kept"])
     assert "the export keeps the most open structures that fit the target" in proc.stdout
+
+
+def test_plans_differ_by_the_layers_and_the_structures_inside_layers_both_keep(bart3):
+    """export_report's decided_by_rule: a layer one plan drops counts once, not with every head and unit in it."""
+    model = copy.deepcopy(bart3)
+    gates = attach_gates(model, ALL_KINDS)
+    try:
+        full = gates.plan(note=False)  # every gate starts open
+        layers = gates.layers_paths["decoder_layer"]
+        sites = [(path, layer) for path, kind, layer in zip(gates.paths, gates.kinds, gates.layers) if kind == "decoder"]
+        (first, first_layer), (last, last_layer) = sites[0], sites[-1]
+        one = {**full, layers: [l for l in full[layers] if l != last_layer]}  # the last decoder layer dropped
+        other = {**full, first: full[first][1:], last: full[last][2:]}  # one head of the first, two of the last gone
+        assert first_layer != last_layer and len(full[layers]) == 3
+        # the dropped layer (1) and the first layer's head (1); the two heads inside the dropped layer are not counted
+        assert gates.differences(one, other) == gates.differences(other, one) == 2
+        assert gates.differences(one, one) == 0 and gates.differences(full, other) == 3
+    finally:
+        gates.remove()

@@ -193,7 +193,7 @@ def export_gated(
     alive, gated = gates.alive(plan), gates.heads_per_kind()
     log.info("rule %s keeps %s", rule_name, ", ".join(f"{kind} {alive[kind]}/{gated[kind]}" for kind in gated))
     binary = gates.plan(note=False)
-    decided = sum(len(set(plan[path]) ^ set(binary[path])) for path in plan)  # where the rule overrode log_alpha > 0
+    decided = gates.differences(plan, binary)  # where the rule overrode log_alpha > 0
     if rule != "binary":
         log.info("rule %s decided %d structures differently from the binary rule (log_alpha > 0)", rule_name, decided)
 

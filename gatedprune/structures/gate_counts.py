@@ -46,3 +46,16 @@ class GateCounts:
     def expected_open_per_kind(self) -> dict[str, float]:
         """Nesting-aware sum of P(open) per kind, and the heads in total."""
         return self._per_kind([(self.p_open_nested(i).sum() * self.group_sizes[i]).item() for i in range(len(self.gates))])
+
+    def differences(self, plan: dict, other: dict) -> int:
+        """How many structures one plan keeps and the other does not, nesting-aware: a layer one of them drops counts
+        once, not with every head and unit inside it."""
+        dropped = self.dropped(plan) | self.dropped(other)
+        count = 0
+        for i, path in enumerate(self.paths):
+            if self.structures[i] == "layer":
+                layers = self.layers_paths[self.kinds[i]]
+                count += (self.layers[i] in plan.get(layers, [])) != (self.layers[i] in other.get(layers, []))
+            elif (self.stacks[i], self.layers[i]) not in dropped:
+                count += len(set(plan.get(path, [])) ^ set(other.get(path, [])))
+        return count
