@@ -212,14 +212,14 @@ def _grid(setting: Setting = REAL) -> list[Recovery]:
     # (and at the default run's steps: the fair reference of its final table)
     reference = [Recovery("reference", Export("teacher", 1.0, setting=setting), steps(2000), lr=TEACHER_LR,
                           decay="constant", warmup_steps=0, extra_budgets=(steps(DEFAULT_RUN_STEPS),))]
-    # issue 38's tables: each candidate against random structures and even layers at that candidate's depth, both
-    # targets, three seeds, the weights at 1,000 steps (a cell measured in another group at those steps stands in;
-    # random structures do not depend on the candidate: one cell each)
+    # issue 38's tables: each candidate against the preset's gates, random structures and even layers at that
+    # candidate's depth, both targets, three seeds, the weights at 1,000 steps (a cell measured in another group at
+    # those steps stands in; the preset's gates and random structures do not depend on the candidate: one cell each)
     choose = {}
     for chosen in CANDIDATES:
         for seed in SEEDS:
             for target in (low, high):
-                for start in (chosen, "random", "even_layers"):
+                for start in (chosen, *RIVALS):
                     cell = Recovery("choose", Export(start, target, seed, setting, depth_of=chosen), steps(1000))
                     choose.setdefault(cell.name, cell)
     return lr + curves + seeds + reference + list(choose.values())

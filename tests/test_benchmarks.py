@@ -629,7 +629,8 @@ def test_issue_38_s_table_takes_each_start_s_score_from_the_cell_that_measured_t
     assert "| 0.55 | gates_settled | 20.00 | 22.00 | - | 21.00 ± 1.41 (n=2) | +1.00 (n=1) |" in table
     # the grid: one even-layers cell per candidate (each keeps its candidate's depth), one random cell per seed
     choose = [c.name for c in bench._grid() if c.group == "choose"]
-    assert len(choose) == len(set(choose)) == len(bench.CANDIDATES) * 2 * len(bench.SEEDS) * 2 + 2 * len(bench.SEEDS)
+    assert len(choose) == len(set(choose)) == len(bench.CANDIDATES) * 2 * len(bench.SEEDS) * 2 + 2 * 2 * len(bench.SEEDS)
+    assert "choose_gates_0.67_s2_1000_lr0.002" in grid and "choose_random_0.67_s2_1000_lr0.002" in grid
     even = grid["choose_even_layers_as_gates_nash_0.55_s1_1000_lr0.002"].export
     assert even.gates.start == "gates_nash" and even.name == "export_even_layers_0.55_s1_as_gates_nash"
 
