@@ -352,43 +352,60 @@ CANDIDATES = ("gates_settled", "gates_nash")  # issue 38's candidate protocols, 
 RIVALS = ("gates", "random", "even_layers")
 
 
-def choose(results: Path, targets=(LOW, HIGH), steps: int = 1000, chosen: str = CANDIDATES[0]) -> dict:
-    """Issue 38's comparison from the cells: per target and start, test BLEU after ``steps`` of recovery by seed
-    (even layers at the depth the ``chosen`` gates kept at that seed), with mean and standard deviation."""
+def _scores(cells: list[dict], start: str, target: float, steps: int, depth_of: str, init: str = "export") -> dict:
+    """Test BLEU after ``steps`` of recovery by seed, from whichever cell measured that model with that recipe (even
+    layers at the depth ``depth_of``'s cell kept at that seed), with mean and standard deviation."""
     import statistics
 
+    scores = {}
+    for seed in SEEDS:
+        depth = None
+        if start == "even_layers":
+            gates = next((r for r in cells if r["start"] == depth_of and r["init"] == "export"
+                          and r["target"] == target and r["seed"] == seed), None)
+            if gates is None:
+                continue
+            depth = gates["kept_layers"]["decoder"]
+        found = next((r for r in cells if _same_model(r, target, depth) and _measures(r, start, seed, steps, init)),
+                     None)
+        if found is not None:
+            scores[seed] = found["test_bleu_at"][str(steps)]
+    values = list(scores.values())
+    return {"by_seed": scores, "mean": statistics.fmean(values) if values else None,
+            "std": statistics.stdev(values) if len(values) > 1 else None}
+
+
+def choose(results: Path, targets=(LOW, HIGH), steps: int = 1000, chosen: str = CANDIDATES[0]) -> dict:
+    """Issue 38's comparison from the cells: per target and start, ``_scores`` (even layers at the ``chosen``
+    gates' depth)."""
     cells = records(results)
-    out = {}
-    for target in targets:
-        row = {}
-        for start in (chosen, *(c for c in CANDIDATES if c != chosen), *RIVALS):
-            scores = {}
-            for seed in SEEDS:
-                depth = None
-                if start == "even_layers":
-                    gates = next((r for r in cells if r["start"] == chosen and r["target"] == target
-                                  and r["seed"] == seed), None)
-                    if gates is None:
-                        continue
-                    depth = gates["kept_layers"]["decoder"]
-                found = next((r for r in cells if _same_model(r, target, depth) and _measures(r, start, seed, steps)),
-                             None)
-                if found is not None:
-                    scores[seed] = found["test_bleu_at"][str(steps)]
-            values = list(scores.values())
-            row[start] = {"by_seed": scores, "mean": statistics.fmean(values) if values else None,
-                          "std": statistics.stdev(values) if len(values) > 1 else None}
-        out[target] = row
-    return out
+    return {target: {start: _scores(cells, start, target, steps, chosen)
+                     for start in (chosen, *(c for c in CANDIDATES if c != chosen), *RIVALS)} for target in targets}
+
+
+SEED_STARTS = (("gates", "gates", "export"), ("random structures", "random", "export"),
+               ("even layers at the gates' depth", "even_layers", "export"), ("the gates' shape from scratch", "gates",
+                                                                              "scratch"))
+
+
+def _mean_sd(v: dict) -> str:
+    if v["mean"] is None:
+        return "-"
+    spread = f" ± {v['std']:.2f}" if v["std"] is not None else ""
+    return f"{v['mean']:.2f}{spread} (n={len(v['by_seed'])})"
+
+
+def seeds_table(results: Path, target: float = LOW, steps: int = 1000) -> str:
+    """Issue 37's seeds: each start at ``target`` by seed after ``steps`` (even layers at the preset gates' depth)."""
+    cells = records(results)
+    rows = []
+    for label, start, init in SEED_STARTS:
+        v = _scores(cells, start, target, steps, "gates", init)
+        rows.append((label, *(f"{v['by_seed'][s]:.2f}" if s in v["by_seed"] else "-" for s in SEEDS), _mean_sd(v)))
+    return markdown_table(["start", *(f"seed {s}" for s in SEEDS), f"test BLEU @{steps:,}, mean ± sd"], rows)
 
 
 def choose_table(results: Path, targets=(LOW, HIGH), steps: int = 1000, chosen: str = CANDIDATES[0]) -> str:
-    def cell(v: dict) -> str:
-        if v["mean"] is None:
-            return "-"
-        spread = f" ± {v['std']:.2f}" if v["std"] is not None else ""
-        return f"{v['mean']:.2f}{spread} (n={len(v['by_seed'])})"
-
     def gap(chosen: dict, other: dict) -> str:
         """The mean difference over the seeds both have (paired), and how many."""
         both = [s for s in SEEDS if s in chosen and s in other]
@@ -399,25 +416,32 @@ def choose_table(results: Path, targets=(LOW, HIGH), steps: int = 1000, chosen: 
         ours = row[chosen]["by_seed"]
         for start, v in row.items():
             rows.append((target, start, *(f"{v['by_seed'][s]:.2f}" if s in v["by_seed"] else "-" for s in SEEDS),
-                         cell(v), gap(ours, v["by_seed"]) if start != chosen else ""))
+                         _mean_sd(v), gap(ours, v["by_seed"]) if start != chosen else ""))
     return markdown_table(["target", "start", *(f"seed {s}" for s in SEEDS), f"test BLEU @{steps:,}, mean ± sd",
                            f"{chosen} minus it, same seeds"], rows)
 
 
 GATES_PAGE = ROOT / "docs" / "gates.md"
+RECOVERY_PAGE = ROOT / "docs" / "recovery.md"
 
 
-def fill_choose_tables(results: Path, page: Path = GATES_PAGE) -> str:
-    """docs/gates.md's choose tables, each between ``<!-- choose table CANDIDATE -->`` and ``<!-- end choose table
-    -->``, made again from the cells (the page's numbers are the jsons'); the page as written."""
+def fill(page: Path, tables: dict[str, str]) -> str:
+    """``page`` with each table made again between ``<!-- NAME -->`` and ``<!-- end ... -->`` (the page's numbers are
+    the jsons'); the page as written."""
     import re
 
     text = page.read_text()
-    for chosen in CANDIDATES:
-        block = re.compile(rf"(<!-- choose table {chosen} -->\n).*?(\n<!-- end choose table -->)", re.S)
-        text = block.sub(lambda m: m.group(1) + choose_table(results, chosen=chosen) + "\n" + m.group(2), text)
+    for name, table in tables.items():
+        block = re.compile(rf"(<!-- {name} -->\n).*?(\n<!-- end [a-z ]+ -->)", re.S)
+        text = block.sub(lambda m: m.group(1) + table.strip() + "\n" + m.group(2), text)
     page.write_text(text)
     return text
+
+
+def page_tables(results: Path) -> dict[Path, dict[str, str]]:
+    """The tables docs/gates.md and docs/recovery.md take from the cells, by marker name."""
+    return {GATES_PAGE: {f"choose table {c}": choose_table(results, chosen=c) for c in CANDIDATES},
+            RECOVERY_PAGE: {"seeds table": seeds_table(results)}}
 
 
 def records(results: Path) -> list[dict]:
@@ -678,7 +702,8 @@ def main(argv: list[str] | None = None) -> int:
         text += (f"\n\n## Issue 38: {chosen} against the other starts, {min(1000, max(setting.budgets)):,} steps\n\n"
                  + choose_table(args.results, setting.targets, min(1000, max(setting.budgets)), chosen))
     if args.stage == "table" and args.results.resolve() == RESULTS.resolve():
-        fill_choose_tables(args.results)
+        for page, tables in page_tables(args.results).items():
+            fill(page, tables)
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "README.md").write_text("# Recovery cells (benchmarks/recovery.py)\n\n" + text)
     if records(args.results):

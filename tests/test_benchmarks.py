@@ -635,15 +635,17 @@ def test_issue_38_s_table_takes_each_start_s_score_from_the_cell_that_measured_t
     assert even.gates.start == "gates_nash" and even.name == "export_even_layers_0.55_s1_as_gates_nash"
 
 
-def test_the_gates_page_s_choose_tables_are_made_from_the_committed_cells(tmp_path):
+def test_the_pages_tables_are_made_from_the_committed_cells(tmp_path):
     bench = load_benchmark("recovery")
-    page = bench.GATES_PAGE.read_text()
-    for chosen in bench.CANDIDATES:
-        block = page.split(f"<!-- choose table {chosen} -->\n")[1].split("\n<!-- end choose table -->")[0]
-        assert block == bench.choose_table(bench.RESULTS, chosen=chosen), "run: benchmarks/recovery.py table"
+    tables = bench.page_tables(bench.RESULTS)
+    assert set(tables[bench.GATES_PAGE]) == {f"choose table {c}" for c in bench.CANDIDATES}
+    for page, named in tables.items():
+        text = page.read_text()
+        for name, table in named.items():
+            block = text.split(f"<!-- {name} -->\n")[1].split("\n<!-- end ")[0]
+            assert block == table.strip() + "\n", f"{page.name}, {name}: run benchmarks/recovery.py table"
     # the refill replaces a stale block and leaves the rest of the page as it was
-    stale = tmp_path / "gates.md"
-    stale.write_text(f"intro\n<!-- choose table gates_nash -->\n| old |\n<!-- end choose table -->\nafter\n")
-    assert bench.fill_choose_tables(bench.RESULTS, stale) == (
-        "intro\n<!-- choose table gates_nash -->\n" + bench.choose_table(bench.RESULTS, chosen="gates_nash")
-        + "\n<!-- end choose table -->\nafter\n")
+    stale = tmp_path / "page.md"
+    stale.write_text("intro\n<!-- seeds table -->\n| old |\n<!-- end seeds table -->\nafter\n")
+    assert bench.fill(stale, {"seeds table": "| new |\n"}) == (
+        "intro\n<!-- seeds table -->\n| new |\n\n<!-- end seeds table -->\nafter\n")
