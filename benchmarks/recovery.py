@@ -253,6 +253,11 @@ def _quick(work: Path) -> Setting:
                    budgets=(2, 4), val_every=2, scale=0.002, targets=(0.85, 0.9))
 
 
+def quick_fit(runs: Path) -> Path:
+    """The latency fit ``_quick`` made of the smoke model's dense run (cached beside its checkpoint)."""
+    return next((runs / "dense" / "checkpoints").glob("latency-*.json"))
+
+
 def _plan(model_dir: Path) -> dict:
     return json.loads((model_dir / "config.json").read_text())["gatedprune"]
 
@@ -438,10 +443,31 @@ def fill(page: Path, tables: dict[str, str]) -> str:
     return text
 
 
+def speed_table(results: Path) -> str:
+    """One row per timed shape (cells timed on one model share it): the measured speed-ups over the teacher, the
+    latency fit's prediction for batch 1 in generate() and how far it is off, then the noise floor."""
+    rows, seen = [], set()
+    for r in records(results):
+        if not r.get("speed") or r["speed_timed_on"] in seen:
+            continue
+        seen.add(r["speed_timed_on"])
+        cells = [c["cell"] for c in records(results) if c.get("speed_timed_on") == r["speed_timed_on"]]
+        predicted = r.get("speed_predicted")
+        off = f"{100 * (predicted / r['speed']['generate() b1'] - 1):+.0f}%" if predicted else "-"
+        rows.append((", ".join(cells), f"{r['params'] / 1e6:.2f} M",
+                     *(f"{r['speed'][k]:.2f}x" for k in SPEED_KEYS), f"{predicted:.2f}x" if predicted else "-", off))
+    floor_path = results / "speed.json"
+    if floor_path.is_file():
+        floor = json.loads(floor_path.read_text())
+        rows.append(("noise floor (a copy of the teacher)", "7.71 M", *(f"{floor['noise_floor'][k]:.2f}x" for k in
+                                                                          SPEED_KEYS), "1.00x", "-"))
+    return markdown_table(["cells (one shape)", "params", *SPEED_KEYS, "predicted b1", "predicted off"], rows)
+
+
 def page_tables(results: Path) -> dict[Path, dict[str, str]]:
     """The tables docs/gates.md and docs/recovery.md take from the cells, by marker name."""
     return {GATES_PAGE: {f"choose table {c}": choose_table(results, chosen=c) for c in CANDIDATES},
-            RECOVERY_PAGE: {"seeds table": seeds_table(results)}}
+            RECOVERY_PAGE: {"seeds table": seeds_table(results), "speed table": speed_table(results)}}
 
 
 def records(results: Path) -> list[dict]:
@@ -572,22 +598,25 @@ def _timing_model(group: list[dict], export: "Export | None", runs: Path) -> tup
 
 
 def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_tokens: int = 32,
-            repeats: int = 5, setting: Setting = REAL) -> dict:
+            repeats: int = 5, setting: Setting = REAL, table: Path = TABLE) -> dict:
     """Time the final model of every finished cell against the teacher (and a copy of it: the noise floor) in one
     process, generate() and CTranslate2 int8, batch 1 and 32, one thread, the median of ``repeats`` interleaved
     repeats; each cell's json gets its ``speed`` (over the teacher in the same runtime).
 
     Cells recovered from one export have its shapes, and exactly ``new_tokens`` are generated per sentence, so the
     time does not depend on the weights: each export is timed once, on whichever model of its shapes is here
-    (``_timing_model``); a cell with none keeps no speed, and ``speed.json`` says why."""
+    (``_timing_model``); a cell with none keeps no speed, and ``speed.json`` says why. Beside it, the speed-up the
+    grid's latency fit (``table``: batch 1, ``generate()``) predicts for that model, ``speed_predicted``."""
     import tempfile
 
     from runtimes import Variant, timed
 
     from gatedprune import load_pruned
+    from gatedprune.costs import table as latency_table
     from gatedprune.reports.speed import random_sources
 
     load, tokenizer = teacher or _kept_teacher()
+    _, fit, _ = latency_table.read(table)
     grid = {cell.name: cell for cell in _grid(setting)}
     groups: dict[str, list[dict]] = {}
     for r in records(results):
@@ -615,9 +644,10 @@ def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_to
         return {f"{label} b{batch}": times[batch][("teacher", runtime)].cpu / times[batch][(name, runtime)].cpu
                 for batch in (1, 32) for runtime, label in (("transformers", "generate()"), ("ct2 int8", "ct2 int8"))}
 
+    predicted = {key: fit.of(teacher) / fit.of(model) for key, model in models.items()}
     for key in models:
         for r in groups[key]:
-            r["speed"], r["speed_timed_on"] = speed(key), timed_on[key]
+            r["speed"], r["speed_timed_on"], r["speed_predicted"] = speed(key), timed_on[key], predicted[key]
             (results / f"{r['cell']}.json").write_text(json.dumps(r, indent=1) + "\n")
     floor = {"noise_floor": speed("teacher copy"), "machine": machine(), "sentences": sentences,
              "new_tokens": new_tokens, "repeats": repeats,
@@ -694,8 +724,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             run_recovery(cell, runs, args.results)
     if args.stage in ("measure", "quick"):
-        quick = {"teacher": _run_teacher(runs / "dense"), "sentences": 2, "new_tokens": 4, "repeats": 1} \
-            if args.stage == "quick" else {}  # the smoke model's dense run stands in for the teacher
+        # the smoke model's dense run stands in for the teacher, with the latency fit _quick made beside it
+        quick = {"teacher": _run_teacher(runs / "dense"), "sentences": 2, "new_tokens": 4, "repeats": 1,
+                 "table": quick_fit(runs)} if args.stage == "quick" else {}
         measure(args.results, runs, setting=setting, **quick)
     text = "\n".join(answers(args.results, setting.targets)) + "\n\n" + table(args.results)
     for chosen in CANDIDATES:

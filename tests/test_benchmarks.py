@@ -535,6 +535,16 @@ def test_recovery_quick_recovers_the_gates_export_and_its_shape_from_scratch(tmp
     # cells recovered from one export have its shapes: one model of them is timed for both
     assert {r["speed_timed_on"] for r in records.values()} == {f"the fine-tuned model of {pruned['cell']}"}
     assert pruned["speed"] == scratch["speed"]
+    # beside it, the speed-up the latency fit predicts: the teacher's predicted time over the model's
+    from gatedprune import load_pruned
+    from gatedprune.costs import table as latency_table
+
+    _, fit, _ = latency_table.read(bench.quick_fit(runs))
+    teacher = bench._run_teacher(runs / "dense")[0]()
+    model = load_pruned(runs / pruned["cell"] / "pruned_finetuned")
+    assert pruned["speed_predicted"] == pytest.approx(fit.of(teacher) / fit.of(model)) and pruned["speed_predicted"] > 1
+    row = next(line for line in bench.speed_table(results).splitlines() if pruned["cell"] in line)
+    assert f"| {pruned['speed_predicted']:.2f}x |" in row and "noise floor" in bench.speed_table(results)
     # a cell whose run is gone (another machine) is timed on another model of its shapes, else on its export, else
     # on its export made again by its own command
     import shutil
