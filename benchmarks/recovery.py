@@ -451,17 +451,18 @@ def speed_table(results: Path) -> str:
         if not r.get("speed") or r["speed_timed_on"] in seen:
             continue
         seen.add(r["speed_timed_on"])
-        cells = [c["cell"] for c in records(results) if c.get("speed_timed_on") == r["speed_timed_on"]]
+        cells = sum(c.get("speed_timed_on") == r["speed_timed_on"] for c in records(results))
         predicted = r.get("speed_predicted")
         off = f"{100 * (predicted / r['speed']['generate() b1'] - 1):+.0f}%" if predicted else "-"
-        rows.append((", ".join(cells), f"{r['params'] / 1e6:.2f} M",
+        rows.append((f"{r['start']} at {r['target']}, seed {r['seed']} ({cells} cell{'s' if cells > 1 else ''})",
+                     f"{r['params'] / 1e6:.2f} M",
                      *(f"{r['speed'][k]:.2f}x" for k in SPEED_KEYS), f"{predicted:.2f}x" if predicted else "-", off))
     floor_path = results / "speed.json"
     if floor_path.is_file():
         floor = json.loads(floor_path.read_text())
         rows.append(("noise floor (a copy of the teacher)", "7.71 M", *(f"{floor['noise_floor'][k]:.2f}x" for k in
                                                                           SPEED_KEYS), "1.00x", "-"))
-    return markdown_table(["cells (one shape)", "params", *SPEED_KEYS, "predicted b1", "predicted off"], rows)
+    return markdown_table(["start (the cells timed on one model of its shape)", "params", *SPEED_KEYS, "predicted b1", "predicted off"], rows)
 
 
 def page_tables(results: Path) -> dict[Path, dict[str, str]]:
