@@ -659,3 +659,20 @@ def test_the_pages_tables_are_made_from_the_committed_cells(tmp_path):
     stale.write_text("intro\n<!-- seeds table -->\n| old |\n<!-- end seeds table -->\nafter\n")
     assert bench.fill(stale, {"seeds table": "| new |\n"}) == (
         "intro\n<!-- seeds table -->\n| new |\n\n<!-- end seeds table -->\nafter\n")
+
+
+def test_the_readme_s_recovery_numbers_are_the_cells():
+    """The README's recovery sentence: the teacher, the gates' cut at 0.55 after 1,000 and 2,000 steps, its last
+    measured speed-ups and the same shape from scratch, as the committed cells record them."""
+    bench = load_benchmark("recovery")
+    cells = {r["cell"]: r for r in bench.records(bench.RESULTS)}
+    gates, scratch = cells["curve_gates_0.55_s1234_4000_lr0.002"], cells["curve_scratch_0.55_s1234_4000_lr0.002"]
+    readme = " ".join((bench.ROOT / "README.md").read_text().split())  # one line: the sentence wraps
+    speed = gates["speed"]
+    assert (f"The kept teacher (test BLEU {gates['teacher_test_bleu']:.2f}), cut by the gates to 0.55 of its predicted "
+            f"latency (last measured {speed['generate() b1']:.2f}x faster in `generate()` at batch 1 and "
+            f"{speed['ct2 int8 b1']:.2f}x in CTranslate2 int8") in readme
+    at, cold = gates["test_bleu_at"], scratch["test_bleu_at"]
+    assert (f"recovers to {at['1000']:.2f} test BLEU after 1,000 fine-tuning steps and {at['2000']:.2f} after 2,000; "
+            f"the same shape trained from scratch with the same recipe reaches {cold['1000']:.2f} and "
+            f"{cold['2000']:.2f}") in readme
