@@ -111,15 +111,18 @@ class Export:
     depth_of: str = "gates"
 
     @property
+    def _as(self) -> str:
+        """For even layers whose depth is not the preset gates', the start whose depth they keep (a name of its own)."""
+        return f"_as_{self.depth_of}" if self.start == "even_layers" and self.depth_of != "gates" else ""
+
+    @property
     def label(self) -> str:
-        """The start, and for even layers whose depth is not the preset gates' the start whose depth they keep
-        (one cell per candidate in a recovery's name)."""
-        return self.start + (f"_as_{self.depth_of}" if self.start == "even_layers" and self.depth_of != "gates" else "")
+        """The start as a recovery's name gives it (one even-layers cell per candidate)."""
+        return self.start + self._as
 
     @property
     def name(self) -> str:
-        after = f"_as_{self.depth_of}" if self.start == "even_layers" and self.depth_of != "gates" else ""
-        return f"export_{self.start}_{self.target}_s{self.seed}{after}"
+        return f"export_{self.start}_{self.target}_s{self.seed}{self._as}"
 
     @property
     def gates(self) -> "Export":
