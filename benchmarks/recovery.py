@@ -449,12 +449,13 @@ def fill(page: Path, tables: dict[str, str]) -> str:
 def speed_table(results: Path) -> str:
     """One row per timed shape (cells timed on one model share it): the measured speed-ups over the teacher, the
     latency fit's prediction for batch 1 in generate() and how far it is off, then the noise floor."""
+    timed = [r for r in records(results) if r.get("speed")]
     rows, seen = [], set()
-    for r in records(results):
-        if not r.get("speed") or r["speed_timed_on"] in seen:
+    for r in timed:
+        if r["speed_timed_on"] in seen:
             continue
         seen.add(r["speed_timed_on"])
-        cells = sum(c.get("speed_timed_on") == r["speed_timed_on"] for c in records(results))
+        cells = sum(c["speed_timed_on"] == r["speed_timed_on"] for c in timed)
         predicted = r.get("speed_predicted")
         off = f"{100 * (predicted / r['speed']['generate() b1'] - 1):+.0f}%" if predicted else "-"
         rows.append((f"{r['start']} at {r['target']}, seed {r['seed']} ({cells} cell{'s' if cells > 1 else ''})",
@@ -578,27 +579,28 @@ def _run_teacher(run: Path):
     return lambda: checkpoint_model(load_checkpoint_file(path)), AutoTokenizer.from_pretrained(run / "tokenizer")
 
 
-def _timing_model(group: list[dict], export: "Export | None", runs: Path) -> tuple[Path | None, str]:
+def _timing_model(group: list[dict], export: "Export | None", runs: Path) -> tuple[object | None, str]:
     """A model with the shapes of ``group`` (cells recovered from one export: the same shapes, whatever their
-    weights) and what it is: a cell's fine-tuned model, else the export, else the export made again by its command
-    (None where that keeps other shapes than the cells recorded: another machine's gates may cut otherwise)."""
+    weights), loaded, and what it is: a cell's fine-tuned model, else the export, else the export made again by its
+    command (None where that keeps other shapes than the cells recorded: another machine's gates may cut otherwise)."""
+    from gatedprune import load_pruned
+
     for r in group:
         if (runs / r["cell"] / "pruned_finetuned").is_dir():
-            return runs / r["cell"] / "pruned_finetuned", f"the fine-tuned model of {r['cell']}"
+            return load_pruned(runs / r["cell"] / "pruned_finetuned"), f"the fine-tuned model of {r['cell']}"
     if export is None:
         return None, "its run is gone and it is not a cell of the grid"
     present = (runs / export.name / "status.json").is_file()
     model_dir = run_export(export, runs)
+    model = load_pruned(model_dir)
     if not present:
-        from gatedprune import load_pruned
-
         kept = {stack: len(k) for stack, k in _plan(model_dir)["kept_layers"].items()}
-        params = sum(p.numel() for p in load_pruned(model_dir).parameters())
+        params = sum(p.numel() for p in model.parameters())
         if (kept, params) != (group[0]["kept_layers"], group[0]["params"]):
             return None, (f"its export made again keeps {kept} layers and {params:,} parameters, the cell's "
                           f"{group[0]['kept_layers']} and {group[0]['params']:,}: time it where it ran")
-        return model_dir, f"{export.name}, made again (the same shapes)"
-    return model_dir, f"{export.name} (the same shapes)"
+        return model, f"{export.name}, made again (the same shapes)"
+    return model, f"{export.name} (the same shapes)"
 
 
 def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_tokens: int = 32,
@@ -615,7 +617,6 @@ def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_to
 
     from runtimes import Variant, timed
 
-    from gatedprune import load_pruned
     from gatedprune.costs import table as latency_table
     from gatedprune.reports.speed import random_sources
 
@@ -629,12 +630,12 @@ def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_to
     models, timed_on, not_timed = {}, {}, {}
     for key, group in groups.items():
         export = grid[group[0]["cell"]].export if group[0]["cell"] in grid else None
-        path, said = _timing_model(group, export, runs)
-        if path is None:
+        model, said = _timing_model(group, export, runs)
+        if model is None:
             print(f"{key}: not timed ({said})")
             not_timed.update({r["cell"]: said for r in group})
             continue
-        models[key], timed_on[key] = load_pruned(path), said
+        models[key], timed_on[key] = model, said
     with tempfile.TemporaryDirectory(prefix="recovery-") as work:
         teacher = load()
         variants = [Variant("teacher", teacher, tokenizer, Path(work), onnx=False),

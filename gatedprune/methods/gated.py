@@ -152,6 +152,11 @@ class GatedPruning(Method):
         """(rule, top_k) for ``HeadGates.plan``."""
         return "binary", None
 
+    def rule_key(self, state: nn.Module | None) -> list:
+        """What decides the export's rule from the settings, not the gates' values (a resumed run compares it with
+        its checkpoint's before the gates are loaded)."""
+        return list(self.export_rule(state))
+
     def param_groups(self, state: nn.Module | None) -> list[dict]:
         """Optimiser groups of the method's own state, after the model's and the gates' (none by default)."""
         return []
@@ -350,6 +355,9 @@ class L0Budget(GatedPruning):
         if isinstance(state, CostBudget):  # the most open structures that fit, or the eval-mode mask (export_fill)
             return state.export_rule()
         return "top-k", state.targets  # the budget, met exactly per budget group
+
+    def rule_key(self, state: HeadBudget | CostBudget) -> list:
+        return state.rule_key if isinstance(state, CostBudget) else super().rule_key(state)
 
     def check_outputs(self, export, tuning, run_dir: Path):
         # a dense run's export would cut untrained gates to the target

@@ -337,21 +337,16 @@ class GatedSeq2Seq(L.LightningModule):
         checkpoint["dense_test"] = self.dense_test
         checkpoint["plan_changes"] = self.plan_changes
         checkpoint["last_plan"] = self._last_plan
-        checkpoint["last_plan_rule"] = self._rule_key()
+        checkpoint["last_plan_rule"] = self.pruning.rule_key(self.budget)
         checkpoint["teacher_ready"] = self._teacher_ready
         checkpoint["skipped_steps"] = self.skipped_steps
-
-    def _rule_key(self) -> list:
-        """The export rule as settings decide it (a cost budget's ``rule_key``: not the gates' values, which a resumed
-        run has not loaded yet when it compares)."""
-        return self.budget.rule_key if hasattr(self.budget, "rule_key") else list(self.pruning.export_rule(self.budget))
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.dense_metrics = checkpoint.get("dense_metrics", {})
         self.dense_test = checkpoint.get("dense_test")
         self.bad_steps.total = checkpoint.get("skipped_steps", 0)
         self.plan_changes = checkpoint.get("plan_changes", [])
-        same_rule = checkpoint.get("last_plan_rule") == self._rule_key()
+        same_rule = checkpoint.get("last_plan_rule") == self.pruning.rule_key(self.budget)
         self._last_plan = checkpoint.get("last_plan") if same_rule or not checkpoint.get("plan_changes") else None
         self._teacher_ready = checkpoint.get("teacher_ready", False)
         state = checkpoint["state_dict"]
