@@ -153,8 +153,7 @@ class GatedPruning(Method):
         return "binary", None
 
     def rule_key(self, state: nn.Module | None) -> list:
-        """What decides the export's rule from the settings, not the gates' values (a resumed run compares it with
-        its checkpoint's before the gates are loaded)."""
+        """The export rule's settings, not the gates' values: a resumed run compares them before loading gates."""
         return list(self.export_rule(state))
 
     def param_groups(self, state: nn.Module | None) -> list[dict]:
@@ -373,9 +372,8 @@ class L0Budget(GatedPruning):
         return self.target_warmup_steps  # while the target ramps down, the top-k set has not been asked to settle
 
     def check_schedule(self, max_steps: int | None) -> None:
-        """A target ramp longer than the gated phase would never reach the budget: it is shortened to half the gated
-        phase (the other half holds the target), and the run says so. A run with no gated step is a dense run (the
-        default's dense phase alone, ``trainer.max_steps=750``); it may not export (``check_outputs``)."""
+        """A target ramp longer than the gated phase never reaches the budget: it is cut to the first half of the gated
+        phase (the second holds the target), and the run says so. A run with no gated step is dense (check_outputs)."""
         super().check_schedule(max_steps)
         if not max_steps or max_steps < 0:
             return
@@ -392,9 +390,7 @@ class L0Budget(GatedPruning):
 
     def describe(self, state: HeadBudget | CostBudget | None) -> dict:
         costs = {name: getattr(self, name) for name in COST_TARGETS}
-        if self.cost_unit is not None:
-            return {"l0_lambda": None, "penalty_normalisation": None, "target_heads": None, **costs}
-        targets = state.targets if state is not None else self.target_heads
+        targets = None if self.cost_unit is not None else state.targets if state is not None else self.target_heads
         return {"l0_lambda": None, "penalty_normalisation": None, "target_heads": targets, **costs}
 
 
