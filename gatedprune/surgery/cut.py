@@ -24,6 +24,7 @@ from gatedprune.structures.adapters import AttentionSite, attention_sites, probe
 from gatedprune.structures.ffn import FFNSite, is_moe
 from gatedprune.surgery.pruned_modeling import (
     CONFIG_KEY,
+    PlanRecord,
     drop_layers,
     size_generation_cache,
     install_runtime,
@@ -159,7 +160,7 @@ def prune_heads(model: nn.Module, plan: Plan, rule: str | None = None) -> nn.Mod
     plan = check_plan(model, plan)
     sites = _sites(model)
     structure = probe(model)
-    record = copy.deepcopy(current_record(model))
+    record = PlanRecord(copy.deepcopy(current_record(model)))
     for path, kept in plan.items():
         site = sites.get(path)
         if site is None or _in_dropped(path, plan, structure.layers) or len(kept) == site.num_units:

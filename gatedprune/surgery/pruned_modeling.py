@@ -29,12 +29,23 @@ transformers and takes everything it needs to know about the family from the pla
 from __future__ import annotations
 
 import functools
+import pickle
 
 import torch
 import transformers  # noqa: F401  (the line the exporter appends names a transformers class)
 from torch import nn
 
 CONFIG_KEY = "gatedprune"  # attribute of the model config (and key of config.json) holding the plan record
+
+
+class PlanRecord(dict):
+    """The plan record as a live config holds it. generate() deep-copies a flat encoder-decoder config several times
+    a call (transformers' ``get_text_config(decoder=True)`` and ``to_dict``); copied item by item, a record's kept
+    indices (every kept unit of every layer) slowed a batch-1 generate() of the teacher's shapes by 6-13%
+    (docs/recovery.md). One pickle round trip of our own in-memory data copies it whole, in C."""
+
+    def __deepcopy__(self, memo: dict) -> "PlanRecord":
+        return PlanRecord(pickle.loads(pickle.dumps(dict(self), protocol=pickle.HIGHEST_PROTOCOL)))
 
 
 def head_rows(heads: list[int], head_dim: int) -> torch.Tensor:
@@ -355,6 +366,7 @@ def pruned_model_class(base: type) -> type:
         def __init__(self, config, *args, **kwargs):
             super().__init__(config, *args, **kwargs)
             if getattr(config, CONFIG_KEY, None) is not None:  # without a plan, it is just `base`
+                setattr(config, CONFIG_KEY, PlanRecord(getattr(config, CONFIG_KEY)))
                 restore_pruned(self, getattr(config, CONFIG_KEY))
 
     GatedPruned.__name__ = GatedPruned.__qualname__ = f"GatedPruned{base.__name__}"
