@@ -154,6 +154,63 @@ def test_settling_is_refused_where_there_is_nothing_to_settle(value, kinds, mess
         L0(settle_layers_at=value, kinds=list(kinds))
 
 
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_a_settled_depth_keeps_that_many_layers_the_most_open_ones(bart3, depth):
+    """pruning.settle_depth: the decoder keeps exactly ``depth`` layers (its expected count rounds to 1 here), the
+    ones with the largest log_alpha; the encoder still keeps its own expected count."""
+    model = copy.deepcopy(bart3)
+    gates = _gates(model, seed=11, decoder_closed=True)
+    try:
+        sites = [i for i, kind in enumerate(gates.kinds) if kind == "decoder_layer"]
+        by_alpha = sorted(sites, key=lambda i: -gates.gates[i].log_alpha.item())  # -1.0, -1.1, -1.2: layer order
+        expected = gates.plan_mask("expected_size", note=False)
+        encoder = [i for i, kind in enumerate(gates.kinds) if kind == "encoder_layer"]
+        kept = settle_layers_now(gates, depth)
+        assert kept["decoder"] == sorted(gates.layers[i] for i in by_alpha[:depth])
+        assert [gates.gates[i].log_alpha.item() > 0 for i in sites] == [i in by_alpha[:depth] for i in sites]
+        assert [gates.gates[i].log_alpha.item() > 0 for i in encoder] == [bool(expected[i].item()) for i in encoder]
+    finally:
+        gates.remove()
+
+
+def settle_layers_now(gates, depth):
+    from gatedprune.methods.settling import settle_layers
+
+    settle_layers(gates, 5, {"decoder": depth}, gated_step=4)  # not yet
+    assert not gates.settled
+    settle_layers(gates, 5, {"decoder": depth}, gated_step=5)
+    return {stack: [gates.layers[i] for i, k in enumerate(gates.kinds) if k == f"{stack}_layer"
+                    and gates.gates[i].log_alpha.item() > 0] for stack in ("encoder", "decoder")}
+
+
+@pytest.mark.parametrize("depth, settle_at, kinds, message", [
+    ({"decoder": 2}, None, ALL_KINDS, r"pruning.settle_depth=\{'decoder': 2\} is the depth kept when the layer gates "
+                                      r"settle, and pruning.settle_layers_at is null"),
+    ({"decoder": 0}, 5, ALL_KINDS, r"pruning.settle_depth.decoder=0; allowed: an integer >= 1 \(layers kept\)"),
+    ({"decoder": 1.5}, 5, ALL_KINDS, r"pruning.settle_depth.decoder=1.5; allowed: an integer >= 1"),
+    ({"encoder": 1}, 5, [k for k in ALL_KINDS if k != "encoder_layer"],
+     r"pruning.settle_depth has 'encoder'; allowed: a stack whose layers are gated \(decoder\)"),
+    ({"middle": 1}, 5, ALL_KINDS, r"pruning.settle_depth has 'middle'; allowed: a stack whose layers are gated "
+                                  r"\(encoder, decoder\)"),
+    (2, 5, ALL_KINDS, r"pruning.settle_depth=2; allowed: null or \{stack: layers\}"),
+])
+def test_a_settled_depth_the_run_cannot_use_is_refused_in_one_line(depth, settle_at, kinds, message):
+    with pytest.raises(ValueError, match=message):
+        L0(settle_layers_at=settle_at, settle_depth=depth, kinds=list(kinds))
+
+
+def test_a_settled_depth_deeper_than_the_model_is_refused_with_its_layers(bart3):
+    method = L0(settle_layers_at=5, settle_depth={"decoder": 4}, kinds=list(ALL_KINDS))
+    model = copy.deepcopy(bart3)
+    gates = attach_gates(model, ALL_KINDS)
+    try:
+        with pytest.raises(ValueError, match=r"pruning.settle_depth.decoder=4; allowed: an integer in \[1, 3\] "
+                                             r"\(the model's decoder layers\)"):
+            method.build(gates, model)
+    finally:
+        gates.remove()
+
+
 def test_settling_after_the_gated_phase_is_refused_with_the_steps_it_has():
     method = L0(settle_layers_at=20, kinds=list(ALL_KINDS), start_step=10)
     with pytest.raises(ValueError, match=r"pruning.settle_layers_at=20 is not inside the gated phase \(20 steps: "
@@ -185,6 +242,28 @@ def test_a_run_settles_its_layer_gates_and_exports_around_them(tmp_path):
     assert {f"{probe_path}.{i}" for probe_path, stack in (("model.encoder.layers", "encoder"),
                                                           ("model.decoder.layers", "decoder"))
             for i in kept[stack]} >= opened
+
+
+def test_a_run_with_a_settled_depth_ships_that_many_decoder_layers(tmp_path):
+    """pruning.settle_depth={decoder: 1} on the smoke model (2 decoder layers, both still open at gated step 8):
+    the decoder settles to the one most open layer, and the export keeps that layer alone."""
+    import json
+
+    from helpers import FAKE_TIMER, run_train
+    from gatedprune.training.checkpoints import load_gated_checkpoint
+
+    run = tmp_path / "run"
+    proc = run_train(run, "pruning=l0_budget", "pruning.target_latency=0.6", f"pruning.kinds=[{','.join(ALL_KINDS)}]",
+                     "pruning.target_warmup_steps=5", "pruning.settle_layers_at=8", "pruning.settle_depth={decoder:1}",
+                     "pruning.eval_gate_mode=expected_size", "pruning.workload.source_tokens=6",
+                     "pruning.workload.target_tokens=4", "pruning.workload.repeats=1", prefix=FAKE_TIMER)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, gates = load_gated_checkpoint(run / "checkpoints" / "last.ckpt")
+    decoder = {gates.layers[i]: gates.gates[i].log_alpha.item() for i, k in enumerate(gates.kinds) if k == "decoder_layer"}
+    assert sorted(decoder.values()) == [-10.0, 10.0], decoder
+    kept = [layer for layer, value in decoder.items() if value > 0]
+    assert f"decoder {kept}" in proc.stdout
+    assert json.loads((run / "pruned" / "config.json").read_text())["gatedprune"]["kept_layers"]["decoder"] == kept
 
 
 def test_without_the_fill_the_export_is_the_gated_model_in_eval_mode(bart3, tmp_path):

@@ -30,10 +30,11 @@ from gatedprune.methods.base import Method
 from gatedprune.costs.build import gate_costs
 from gatedprune.costs.workload import Workload
 from gatedprune.methods.budget import CostBudget, HeadBudget, resolve_targets
+from gatedprune.methods.settling import check_depth, check_settling, settle_layers
 from gatedprune.shipping.export_dir import check_out_dir
 from gatedprune.structures.hard_concrete import GateOptions
 from gatedprune.structures.head_gates import MODES, PENALTY_NORMALISATIONS, PLAN_MODES, HeadGates
-from gatedprune.structures.kinds import ATTENTION_KINDS, LAYER_KINDS
+from gatedprune.structures.kinds import ATTENTION_KINDS
 from gatedprune.structures.uniform import per_layer_count, uniform_kinds
 from gatedprune.training.checkpoints import untrained_beyond
 from gatedprune.utils import check_numbers
@@ -65,6 +66,7 @@ class GatedPruning(Method):
     # ones) and hold them for the rest of the gated phase, so the widths meet the budget around layers that are
     # settled (layers decided apart from widths, as NASH does); null: the layer gates train to the end
     settle_layers_at: int | None = None
+    settle_depth: dict[str, int] | None = None  # {stack: layers} kept when they settle (methods.settling); null: expected
     # distill (from Method): distillation from the dense model while gating
 
     def __post_init__(self) -> None:
@@ -78,15 +80,8 @@ class GatedPruning(Method):
             raise ValueError(f"pruning.stop_when_stable={self.stop_when_stable}; allowed: null or an integer >= 1")
         if self.final_temperature is not None and not (0 < self.final_temperature < math.inf):
             raise ValueError(f"pruning.final_temperature={self.final_temperature}; allowed: null or a number > 0")
-        if self.settle_layers_at is not None:
-            if isinstance(self.settle_layers_at, bool) or not isinstance(self.settle_layers_at, int) or \
-                    self.settle_layers_at < 1:
-                raise ValueError(f"pruning.settle_layers_at={self.settle_layers_at}; allowed: null or an integer >= 1 "
-                                 "(a gated step)")
-            if not any(kind in LAYER_KINDS for kind in self.kinds):
-                raise ValueError(f"pruning.settle_layers_at={self.settle_layers_at} settles the layer gates, and "
-                                 f"pruning.kinds={list(self.kinds)} has none; allowed: with encoder_layer or "
-                                 "decoder_layer in pruning.kinds, or null")
+        check_settling(self.settle_layers_at, self.settle_depth, self.kinds)
+        self.settle_depth = dict(self.settle_depth) if self.settle_depth is not None else None
         self._gated_steps: int | None = None  # set by check_schedule: trainer.max_steps - start_step
         if self.eval_gate_mode not in MODES:
             raise ValueError(f"pruning.eval_gate_mode={self.eval_gate_mode!r}; allowed: {', '.join(MODES)}")
@@ -133,16 +128,12 @@ class GatedPruning(Method):
         """Trainable state of the method beside the gates (a Lagrangian's multipliers), or None. Called once the
         gates are attached to ``model``: it also gives them the plan's shape (``uniform_heads``, ``uniform_ffn``)."""
         gates.set_uniform(self.uniform_heads, self.uniform_ffn)
+        check_depth(self.settle_depth, gates)
         return None
 
     def before_step(self, gates: HeadGates, gated_step: int) -> None:
-        """Called before each gated step: the layer gates are settled at ``settle_layers_at`` (once; a resumed run
-        finds them settled in its checkpoint)."""
-        if self.settle_layers_at is not None and gated_step >= self.settle_layers_at:
-            layers = [kind for kind in LAYER_KINDS if kind in gates.kinds]
-            if not all(path in gates.settled for path, kind in zip(gates.paths, gates.kinds) if kind in layers):
-                print(f"gated step {gated_step}: ", end="")
-                gates.settle_(layers)
+        """Called before each gated step: the layer gates settle at ``settle_layers_at`` (``methods.settling``)."""
+        settle_layers(gates, self.settle_layers_at, self.settle_depth, gated_step)
 
     def penalty(self, gates: HeadGates, state: nn.Module | None, gated_step: int) -> tuple[torch.Tensor, dict]:
         """The term added to the cross-entropy at a gated step, and what to log about it."""

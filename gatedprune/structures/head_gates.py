@@ -325,12 +325,12 @@ class HeadGates(GateCounts, nn.Module):
         return self
 
     @torch.no_grad()
-    def settle_(self, kinds, note: bool = True) -> dict[str, list[int]]:
+    def settle_(self, kinds, counts: dict[str, int] | None = None, note: bool = True) -> dict[str, list[int]]:
         """Decide the gates of ``kinds`` now and hold them: each at log_alpha 10 (open) or -10 (closed) as the
-        expected-size plan keeps it (``plan_mask("expected_size")``, the decoder's floor included), from here on
-        (``clamp_`` puts them back after every step). Returns the layers kept per stack, for the kinds that are
-        layers."""
-        mask = self.plan_mask("expected_size", note=False)
+        expected-size plan keeps it (``plan_mask("expected_size")``, the decoder's floor included; ``counts``
+        {kind: k}: those kinds keep their k most open gates instead), from here on (``clamp_`` puts them back
+        after every step). Returns the layers kept per stack, for the kinds that are layers."""
+        mask = self.plan_mask("top-k", {**self.expected_counts(), **(counts or {})}, note=False)
         kept: dict[str, list[int]] = {}
         for i, kind in enumerate(self.kinds):
             if kind in kinds:
