@@ -62,6 +62,10 @@ PROTOCOLS = (
     # the same without encoder layer gates (NASH's split: the encoder narrowed, never dropped; the recovery grid's
     # gates_nash): at seed 1 settle_300 settled the whole encoder closed at both targets
     Protocol("nash_300", recovery.NASH, 300, 100, (1234, 1, 2), "gates_nash"),
+    # the same with the decoder's depth given, two layers (pruning.settle_depth; the recovery grid's gates_depth2):
+    # nash_300 settled one at every seed, and random structures keeping two scored higher at 0.67
+    # (at 0.67 only: the recovery start's targets)
+    Protocol("depth2_300", recovery.DEPTH2, 300, 100, (1234, 1, 2), "gates_depth2"),
 )
 
 
@@ -102,6 +106,8 @@ class Cell:
 def grid(setting: recovery.Setting = recovery.REAL) -> list[Cell]:
     targets = setting.targets[:1] if setting is not recovery.REAL else setting.targets  # quick: one target
     return [Cell(p, target, seed, setting) for target in targets for p in PROTOCOLS
+            if setting is not recovery.REAL or p.recovery_start is None
+            or target in recovery.candidate_targets(p.recovery_start, targets)
             for seed in (p.seeds if setting is recovery.REAL else SEEDS)]
 
 

@@ -228,11 +228,16 @@ def _grid(setting: Setting = REAL) -> list[Recovery]:
     choose = {}
     for chosen in CANDIDATES:
         for seed in SEEDS:
-            for target in (t for t, which in ((low, "low"), (high, "high")) if which in GATES[chosen].targets):
+            for target in candidate_targets(chosen, setting.targets):
                 for start in (chosen, *RIVALS):
                     cell = Recovery("choose", Export(start, target, seed, setting, depth_of=chosen), steps(1000))
                     choose.setdefault(cell.name, cell)
     return lr + curves + seeds + reference + list(choose.values())
+
+
+def candidate_targets(chosen: str, targets: tuple[float, float] = (LOW, HIGH)) -> tuple[float, ...]:
+    """The targets of ``targets`` (the setting's low and high) that the gates start ``chosen`` runs at."""
+    return tuple(t for t, which in zip(targets, ("low", "high")) if which in GATES[chosen].targets)
 
 
 def _teacher_layers(setting: Setting) -> int:
@@ -394,8 +399,12 @@ def choose(results: Path, targets=(LOW, HIGH), steps: int = 1000, chosen: str = 
     """Issue 38's comparison from the cells: per target and start, ``_scores`` (even layers at the ``chosen``
     gates' depth)."""
     cells = records(results)
-    return {target: {start: _scores(cells, start, target, steps, chosen)
-                     for start in (chosen, *(c for c in CANDIDATES if c != chosen), *RIVALS)} for target in targets}
+    table = {target: {start: _scores(cells, start, target, steps, chosen)
+                      for start in (chosen, *(c for c in CANDIDATES if c != chosen), *RIVALS)} for target in targets}
+    for row in table.values():  # another candidate with no cell at a target (one it does not run at) has no row
+        for start in [c for c in row if c in CANDIDATES and c != chosen and not row[c]["by_seed"]]:
+            del row[start]
+    return table
 
 
 SEED_STARTS = (("gates", "gates", "export"), ("random structures", "random", "export"),
@@ -478,7 +487,7 @@ def speed_table(results: Path) -> str:
 
 def page_tables(results: Path) -> dict[Path, dict[str, str]]:
     """The tables docs/gates.md and docs/recovery.md take from the cells, by marker name."""
-    return {GATES_PAGE: {f"choose table {c}": choose_table(results, chosen=c) for c in CANDIDATES},
+    return {GATES_PAGE: {f"choose table {c}": choose_table(results, candidate_targets(c), chosen=c) for c in CANDIDATES},
             RECOVERY_PAGE: {"seeds table": seeds_table(results), "speed table": speed_table(results)}}
 
 
@@ -743,7 +752,8 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(answers(args.results, setting.targets)) + "\n\n" + table(args.results)
     for chosen in CANDIDATES:
         text += (f"\n\n## Issue 38: {chosen} against the other starts, {min(1000, max(setting.budgets)):,} steps\n\n"
-                 + choose_table(args.results, setting.targets, min(1000, max(setting.budgets)), chosen))
+                 + choose_table(args.results, candidate_targets(chosen, setting.targets),
+                                min(1000, max(setting.budgets)), chosen))
     if args.stage == "table" and args.results.resolve() == RESULTS.resolve():
         for page, tables in page_tables(args.results).items():
             fill(page, tables)

@@ -545,6 +545,34 @@ def test_recovery_quick_recovers_the_gates_export_and_its_shape_from_scratch(tmp
     assert pruned["speed_predicted"] == pytest.approx(fit.of(teacher) / fit.of(model)) and pruned["speed_predicted"] > 1
     row = next(line for line in bench.speed_table(results).splitlines() if "(2 cells)" in line)
     assert f"| {pruned['speed_predicted']:.2f}x |" in row and "noise floor" in bench.speed_table(results)
+    # issue 38's item 4: a fit per runtime and batch (fake clocks whose per-call time grows with the batch, so each
+    # fit differs), each predicting the speed-up measured in its runtime and batch
+    per = load_benchmark("fit_per_runtime")
+
+    def clock(extra):
+        return lambda models, workload: [t + extra * workload.batch for t in fake_timer(models, workload)]
+
+    monkeypatch.setitem(TIMERS, "torch", clock(0.001))
+    monkeypatch.setitem(TIMERS, "ct2", clock(0.004))
+    fits_dir = tmp_path / "fits"
+    load = bench._run_teacher(runs / "dense")[0]
+    assert len(per.fits(fits_dir, load, repeats=1, source_tokens=6, target_tokens=4)) == 4
+    assert per.fits(fits_dir, load, repeats=1) == []  # kept: a second call times nothing
+    rows = per.predictions(fits_dir, results, runs, load, setting=bench._quick(runs))
+    assert [r["cells"] for r in rows] == [2]
+    for key in per.WORKLOADS:
+        fit = latency_table.read(per.fit_path(fits_dir, key))[1]
+        assert rows[0]["predicted"][key] == pytest.approx(fit.of(teacher) / fit.of(model))
+        assert rows[0]["measured"][key] == pruned["speed"][key]
+        assert per.off(rows[0], key) == pytest.approx(rows[0]["predicted"][key] / pruned["speed"][key] - 1)
+    predicted = [rows[0]["predicted"][key] for key in per.WORKLOADS]
+    assert len({round(p, 6) for p in predicted}) == 4  # four fits, four predictions
+    text = per.report(rows, {key: 1.0 for key in per.WORKLOADS})
+    key = "ct2 int8 b32"
+    cell = f"{pruned['speed'][key]:.2f}x / {rows[0]['predicted'][key]:.2f}x ({100 * per.off(rows[0], key):+.0f}%)"
+    assert cell in text and "noise floor" in text
+    within = int(abs(per.off(rows[0], key)) <= 0.15)
+    assert f"- {key}: {within} of 1 shapes within 15%" in text
     # a cell whose run is gone (another machine) is timed on another model of its shapes, else on its export, else
     # on its export made again by its own command
     import shutil
@@ -639,7 +667,12 @@ def test_issue_38_s_table_takes_each_start_s_score_from_the_cell_that_measured_t
     assert "| 0.55 | gates_settled | 20.00 | 22.00 | - | 21.00 ± 1.41 (n=2) | +1.00 (n=1) |" in table
     # the grid: one even-layers cell per candidate (each keeps its candidate's depth), one random cell per seed
     choose = [c.name for c in bench._grid() if c.group == "choose"]
-    assert len(choose) == len(set(choose)) == len(bench.CANDIDATES) * 2 * len(bench.SEEDS) * 2 + 2 * 2 * len(bench.SEEDS)
+    # (a candidate runs at its own targets: two decoder layers alone cost more than the low one)
+    targets = {c: bench.candidate_targets(c) for c in bench.CANDIDATES}
+    assert targets["gates_nash"] == (bench.LOW, bench.HIGH) and targets["gates_depth2"] == (bench.HIGH,)
+    assert len(choose) == len(set(choose)) == sum(map(len, targets.values())) * len(bench.SEEDS) * 2 + 2 * 2 * len(
+        bench.SEEDS)
+    assert "choose_gates_depth2_0.55_s1_1000_lr0.002" not in grid and "choose_gates_depth2_0.67_s1_1000_lr0.002" in grid
     assert "choose_gates_0.67_s2_1000_lr0.002" in grid and "choose_random_0.67_s2_1000_lr0.002" in grid
     even = grid["choose_even_layers_as_gates_nash_0.55_s1_1000_lr0.002"].export
     assert even.gates.start == "gates_nash" and even.name == "export_even_layers_0.55_s1_as_gates_nash"

@@ -39,7 +39,10 @@ def test_every_protocol_is_recorded_with_its_three_costs_beside_the_target(tmp_p
         mode = metrics["gated"]["gate_mode"]
         whole = {k: n for k, n in metrics["kept_total"].items() if k not in record["masks"][mode]}
         assert {**whole, **{k: n for k, n in record["masks"][mode].items() if k != "total"}} == metrics["gated"]["kept"]
-        assert set(whole) == ({"encoder_layer"} if record["protocol"] == "nash_300" else set())
+        protocol = next(p for p in bench.PROTOCOLS if p.name == record["protocol"])
+        ungated = any(o.startswith("pruning.kinds=") and "encoder_layer" not in o for o in protocol.overrides)
+        assert set(whole) == ({"encoder_layer"} if ungated else set())
+        assert ungated == (record["protocol"] in ("nash_300", "depth2_300"))
         assert record["binary_kept"] == pytest.approx(metrics["budget"]["latency"]["binary_kept"])
         fit = metrics["costs"]  # the run's own fit prices those counts (every kind gated; latency has no phantom)
         price = lambda n: fit["base"] + sum(c * n[k] for k, c in fit["coefficients"].items())  # noqa: E731

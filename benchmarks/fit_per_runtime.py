@@ -1,0 +1,157 @@
+"""Issue 38, item 4: does the latency fit predict what is measured, in each runtime and batch?
+
+One latency fit of the kept teacher per runtime and batch the recovery grid times (``generate()`` and CTranslate2
+int8, batch 1 and 32: ``gatedprune.costs.latency.fit_latency`` as ``gatedprune-latency`` makes it, one thread, each
+probe the median of ``REPEATS`` interleaved calls), then, for every model the recovery tables ship (one per timed
+shape, ``speed_timed_on`` in docs/benchmarks/recovery/), the speed-up each fit predicts (the teacher's predicted time
+over the model's) beside the speed-up ``recovery.py measure`` measured in that runtime and batch (the median of five
+interleaved repeats against the teacher, in one process), and the noise floor (a copy of the teacher).
+
+    .venv/bin/python benchmarks/fit_per_runtime.py fits     # the four fits not yet in docs/benchmarks/fit_per_runtime/
+    .venv/bin/python benchmarks/fit_per_runtime.py table    # the table, from the fits and the recovery cells
+
+Measure the fits on the machine, and at the load, that ``recovery.py measure`` timed on: a fit of another machine
+predicts another machine's speed-ups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import recovery  # noqa: E402
+from common import ROOT, machine  # noqa: E402
+
+from gatedprune.utils import atomic_write_text, markdown_table  # noqa: E402
+
+RESULTS = ROOT / "docs" / "benchmarks" / "fit_per_runtime"
+REPEATS = 5
+LIMIT = 0.15  # the issue's: predicted within 15% of measured
+# recovery.SPEED_KEYS, each with the workload its fit times
+WORKLOADS = {"generate() b1": {"runtime": "torch", "batch": 1},
+             "generate() b32": {"runtime": "torch", "batch": 32},
+             "ct2 int8 b1": {"runtime": "ct2", "batch": 1, "quantization": "int8"},
+             "ct2 int8 b32": {"runtime": "ct2", "batch": 32, "quantization": "int8"}}
+
+
+def fit_path(results: Path, key: str) -> Path:
+    return results / (key.replace("() ", "_").replace(" ", "_") + ".json")
+
+
+def fits(results: Path, load_teacher, repeats: int = REPEATS, source_tokens: int = 32, target_tokens: int = 32) -> list[Path]:
+    """The fit of each workload not yet in ``results`` (a fit already there is kept: refresh by deleting it)."""
+    from gatedprune.costs import table
+    from gatedprune.costs.latency import fit_error, fit_latency
+    from gatedprune.costs.timers import TIMERS
+    from gatedprune.costs.workload import Workload
+
+    written = []
+    for key, settings in WORKLOADS.items():
+        out = fit_path(results, key)
+        if out.is_file():
+            print(f"{key}: kept ({out})")
+            continue
+        workload = Workload(source_tokens=source_tokens, target_tokens=target_tokens, threads=1, repeats=repeats,
+                            **settings)
+        model = load_teacher().float().eval()
+        cost, probes = fit_latency(model, workload, TIMERS[workload.runtime])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        table.save(out, table.key(model, workload), cost, probes)
+        print(f"{key}: wrote {out} (largest error over its {len(probes)} probes {fit_error(probes):.1%})")
+        written.append(out)
+    return written
+
+
+def predictions(results: Path, recovery_results: Path, runs: Path, load_teacher,
+                setting: "recovery.Setting" = recovery.REAL) -> list[dict]:
+    """One row per timed shape of the recovery cells: the measured speed-ups (``recovery.py measure``) and what
+    each present fit predicts for a model of that shape."""
+    from gatedprune.costs import table
+
+    fitted = {key: table.read(fit_path(results, key))[1] for key in WORKLOADS if fit_path(results, key).is_file()}
+    teacher = load_teacher()
+    grid = {cell.name: cell for cell in recovery._grid(setting)}
+    shapes: dict[str, list[dict]] = {}
+    for r in recovery.records(recovery_results):
+        if r.get("speed"):
+            shapes.setdefault(r["speed_timed_on"], []).append(r)
+    rows = []
+    for timed_on, group in shapes.items():
+        export = grid[group[0]["cell"]].export if group[0]["cell"] in grid else None
+        model, said = recovery._timing_model(group, export, runs)
+        if model is None:
+            print(f"{timed_on}: no model of its shape here ({said})")
+            continue
+        first = group[0]
+        rows.append({"model": f"{first['start']} at {first['target']}, seed {first['seed']}", "cells": len(group),
+                     "params": first["params"], "timed_on": timed_on, "measured": first["speed"],
+                     "predicted": {key: fit.of(teacher) / fit.of(model) for key, fit in fitted.items()}})
+    return rows
+
+
+def off(row: dict, key: str) -> float | None:
+    """Predicted over measured speed-up, minus 1 (None where that runtime and batch has no fit)."""
+    predicted = row["predicted"].get(key)
+    return predicted / row["measured"][key] - 1 if predicted is not None else None
+
+
+def summary(rows: list[dict]) -> dict:
+    """Per runtime and batch: how many shapes are predicted within LIMIT, the median and the range of the error."""
+    said = {}
+    for key in WORKLOADS:
+        errors = [e for row in rows if (e := off(row, key)) is not None]
+        if errors:
+            said[key] = {"shapes": len(errors), "within": sum(abs(e) <= LIMIT for e in errors),
+                         "median": statistics.median(errors), "min": min(errors), "max": max(errors)}
+    return said
+
+
+def report(rows: list[dict], floor: dict | None) -> str:
+    keys = [k for k in WORKLOADS if any(k in row["predicted"] for row in rows)]
+    table_rows = [(row["model"] + f" ({row['cells']} cell{'s' if row['cells'] > 1 else ''})",
+                   f"{row['params'] / 1e6:.2f} M",
+                   *(f"{row['measured'][k]:.2f}x / {row['predicted'][k]:.2f}x ({100 * off(row, k):+.0f}%)"
+                     for k in keys)) for row in rows]
+    if floor:
+        table_rows.append(("noise floor (a copy of the teacher)", "7.71 M",
+                           *(f"{floor[k]:.2f}x / 1.00x" for k in keys)))
+    lines = [markdown_table(["model (measured / predicted (off))", "params", *keys], table_rows), ""]
+    for key, s in summary(rows).items():
+        lines.append(f"- {key}: {s['within']} of {s['shapes']} shapes within {LIMIT:.0%}; the prediction is "
+                     f"{100 * s['median']:+.0f}% off at the median ({100 * s['min']:+.0f}% to {100 * s['max']:+.0f}%).")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("stage", choices=["fits", "table"])
+    parser.add_argument("--runs", type=Path, default=Path("runs/recovery"), help="recovery.py's runs (the models)")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--recovery-results", type=Path, default=recovery.RESULTS)
+    args = parser.parse_args(argv)
+    load_teacher, _ = recovery._kept_teacher()
+    if args.stage == "fits":
+        fits(args.results, load_teacher)
+        return 0
+    rows = predictions(args.results, args.recovery_results, args.runs.resolve(), load_teacher)
+    floor_path = args.recovery_results / "speed.json"
+    floor = json.loads(floor_path.read_text())["noise_floor"] if floor_path.is_file() else None
+    text = report(rows, floor)
+    args.results.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.results / "results.json", json.dumps(
+        {"machine": machine(), "limit": LIMIT, "rows": rows, "summary": summary(rows), "noise_floor": floor},
+        indent=1) + "\n")
+    atomic_write_text(args.results / "README.md", "# The latency fit of each runtime and batch against the measured "
+                      "speed-ups (benchmarks/fit_per_runtime.py)\n\n" + text + "\n")
+    if args.results.resolve() == RESULTS.resolve():
+        recovery.fill(recovery.GATES_PAGE, {"fit table": text})
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
