@@ -75,12 +75,8 @@ def predictions(results: Path, recovery_results: Path, runs: Path, load_teacher,
     fitted = {key: table.read(fit_path(results, key))[1] for key in WORKLOADS if fit_path(results, key).is_file()}
     teacher = load_teacher()
     grid = {cell.name: cell for cell in recovery._grid(setting)}
-    shapes: dict[str, list[dict]] = {}
-    for r in recovery.records(recovery_results):
-        if r.get("speed"):
-            shapes.setdefault(r["speed_timed_on"], []).append(r)
     rows = []
-    for timed_on, group in shapes.items():
+    for timed_on, group in recovery.timed_shapes(recovery_results).items():
         export = grid[group[0]["cell"]].export if group[0]["cell"] in grid else None
         model, said = recovery._timing_model(group, export, runs)
         if model is None:

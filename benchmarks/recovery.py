@@ -396,15 +396,14 @@ def _scores(cells: list[dict], start: str, target: float, steps: int, depth_of: 
 
 
 def choose(results: Path, targets=(LOW, HIGH), steps: int = 1000, chosen: str = CANDIDATES[0]) -> dict:
-    """Issue 38's comparison from the cells: per target and start, ``_scores`` (even layers at the ``chosen``
-    gates' depth)."""
+    """Issue 38's comparison from the cells: per target of ``targets`` (the setting's low and high) that ``chosen``
+    runs at, and per start, ``_scores`` (even layers at the ``chosen`` gates' depth); another candidate has a row
+    only at the targets it runs at."""
     cells = records(results)
-    table = {target: {start: _scores(cells, start, target, steps, chosen)
-                      for start in (chosen, *(c for c in CANDIDATES if c != chosen), *RIVALS)} for target in targets}
-    for row in table.values():  # another candidate with no cell at a target (one it does not run at) has no row
-        for start in [c for c in row if c in CANDIDATES and c != chosen and not row[c]["by_seed"]]:
-            del row[start]
-    return table
+    others = [c for c in CANDIDATES if c != chosen]
+    return {target: {start: _scores(cells, start, target, steps, chosen)
+                     for start in (chosen, *(c for c in others if target in candidate_targets(c, targets)), *RIVALS)}
+            for target in candidate_targets(chosen, targets)}
 
 
 SEED_STARTS = (("gates", "gates", "export"), ("random structures", "random", "export"),
@@ -462,16 +461,21 @@ def fill(page: Path, tables: dict[str, str]) -> str:
     return text
 
 
+def timed_shapes(results: Path) -> dict[str, list[dict]]:
+    """The timed cells by the model they were timed on (cells recovered from one export share it), in record order."""
+    shapes: dict[str, list[dict]] = {}
+    for r in records(results):
+        if r.get("speed"):
+            shapes.setdefault(r["speed_timed_on"], []).append(r)
+    return shapes
+
+
 def speed_table(results: Path) -> str:
     """One row per timed shape (cells timed on one model share it): the measured speed-ups over the teacher, the
     latency fit's prediction for batch 1 in generate() and how far it is off, then the noise floor."""
-    timed = [r for r in records(results) if r.get("speed")]
-    rows, seen = [], set()
-    for r in timed:
-        if r["speed_timed_on"] in seen:
-            continue
-        seen.add(r["speed_timed_on"])
-        cells = sum(c["speed_timed_on"] == r["speed_timed_on"] for c in timed)
+    rows = []
+    for group in timed_shapes(results).values():
+        r, cells = group[0], len(group)
         predicted = r.get("speed_predicted")
         off = f"{100 * (predicted / r['speed']['generate() b1'] - 1):+.0f}%" if predicted else "-"
         rows.append((f"{r['start']} at {r['target']}, seed {r['seed']} ({cells} cell{'s' if cells > 1 else ''})",
@@ -487,7 +491,7 @@ def speed_table(results: Path) -> str:
 
 def page_tables(results: Path) -> dict[Path, dict[str, str]]:
     """The tables docs/gates.md and docs/recovery.md take from the cells, by marker name."""
-    return {GATES_PAGE: {f"choose table {c}": choose_table(results, candidate_targets(c), chosen=c) for c in CANDIDATES},
+    return {GATES_PAGE: {f"choose table {c}": choose_table(results, chosen=c) for c in CANDIDATES},
             RECOVERY_PAGE: {"seeds table": seeds_table(results), "speed table": speed_table(results)}}
 
 
@@ -752,8 +756,7 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(answers(args.results, setting.targets)) + "\n\n" + table(args.results)
     for chosen in CANDIDATES:
         text += (f"\n\n## Issue 38: {chosen} against the other starts, {min(1000, max(setting.budgets)):,} steps\n\n"
-                 + choose_table(args.results, candidate_targets(chosen, setting.targets),
-                                min(1000, max(setting.budgets)), chosen))
+                 + choose_table(args.results, setting.targets, min(1000, max(setting.budgets)), chosen))
     if args.stage == "table" and args.results.resolve() == RESULTS.resolve():
         for page, tables in page_tables(args.results).items():
             fill(page, tables)
