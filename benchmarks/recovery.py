@@ -62,6 +62,8 @@ class GatedPhase:
     settle_at: int | None = None
     overrides: tuple[str, ...] = ()
     targets: tuple[str, ...] = ("low", "high")  # the setting's targets it runs at (a depth too deep for the low one)
+    # the candidate whose even-layers cells stand in for this one's (a depth given, the same as that one keeps)
+    even_as: str | None = None
 
     def args(self, scale: float) -> list[str]:
         if self.gated_steps is None:
@@ -84,8 +86,16 @@ NASH = (*SETTLED, "pruning.kinds=[encoder,decoder,cross,encoder_ffn,decoder_ffn,
 # narrower ones and scored higher (docs/gates.md 0f); at 0.55 two decoder layers alone cost more than the target
 # (the kept fit: base 95.4 ms + 2 x 13.7 ms of 213 ms dense is 0.58), so it runs at 0.67 only
 DEPTH2 = (*NASH, "pruning.settle_depth={decoder:2}")
+# Sajjad et al. (2020)'s top-layer dropping with NASH's widths: the decoder keeps its first layers
+# (pruning.settle_keep=bottom), held from the first gated step, and the gates choose every width around them. Every
+# gate protocol kept the top decoder layers ([2] at 0.55, [1, 2] at 0.67, every seed), where the random structures
+# and even layers that scored higher kept layer 0 (docs/gates.md 0i). The depth is the one the gates kept: one
+# decoder layer at 0.55 (the preset's), two at 0.67 (gates_depth2's), so their even-layers cells stand in
+BOTTOM = (*NASH, "pruning.settle_keep=bottom")
 GATES = {"gates": GatedPhase(), "gates_settled": GatedPhase(300, 100, SETTLED), "gates_nash": GatedPhase(300, 100, NASH),
-         "gates_depth2": GatedPhase(300, 100, DEPTH2, targets=("high",))}
+         "gates_depth2": GatedPhase(300, 100, DEPTH2, targets=("high",)),
+         "gates_bottom1": GatedPhase(300, 1, (*BOTTOM, "pruning.settle_depth={decoder:1}"), ("low",), "gates"),
+         "gates_bottom2": GatedPhase(300, 1, (*BOTTOM, "pruning.settle_depth={decoder:2}"), ("high",), "gates_depth2")}
 
 
 @dataclass(frozen=True)
@@ -230,7 +240,8 @@ def _grid(setting: Setting = REAL) -> list[Recovery]:
         for seed in SEEDS:
             for target in candidate_targets(chosen, setting.targets):
                 for start in (chosen, *RIVALS):
-                    cell = Recovery("choose", Export(start, target, seed, setting, depth_of=chosen), steps(1000))
+                    depth_of = GATES[chosen].even_as or chosen
+                    cell = Recovery("choose", Export(start, target, seed, setting, depth_of=depth_of), steps(1000))
                     choose.setdefault(cell.name, cell)
     return lr + curves + seeds + reference + list(choose.values())
 
@@ -368,7 +379,7 @@ def stand_in(cell: Recovery, cells: list[dict], runs: Path) -> dict | None:
                                cell.warmup)), None)
 
 
-CANDIDATES = ("gates_settled", "gates_nash", "gates_depth2")  # issue 38's candidate protocols, each compared with the other starts
+CANDIDATES = ("gates_settled", "gates_nash", "gates_depth2", "gates_bottom2", "gates_bottom1")  # issue 38's candidate protocols, each compared with the other starts
 RIVALS = ("gates", "random", "even_layers")
 
 

@@ -173,12 +173,32 @@ def test_a_settled_depth_keeps_that_many_layers_the_most_open_ones(bart3, depth)
         gates.remove()
 
 
-def settle_layers_now(gates, depth):
+@pytest.mark.parametrize("depth", [1, 2])
+def test_the_bottom_rule_keeps_the_first_layers_of_each_stack_however_open_the_others_are(bart3, depth):
+    """pruning.settle_keep=bottom: the decoder keeps its first ``depth`` layers although its top layers are the most
+    open; the encoder (no depth given) keeps as many layers as its expected count, its first ones."""
+    model = copy.deepcopy(bart3)
+    gates = _gates(model, seed=11, decoder_closed=True)
+    try:
+        decoder = [i for i, kind in enumerate(gates.kinds) if kind == "decoder_layer"]
+        for n, i in enumerate(decoder):  # the top layer the most open: the open rule would keep it first
+            gates.gates[i].log_alpha.data.fill_(-1.2 + 0.1 * n)
+        encoder = [i for i, kind in enumerate(gates.kinds) if kind == "encoder_layer"]
+        count = round(sum(_p_open(gates.gates[i].log_alpha).item() for i in encoder))
+        assert 0 < count < len(encoder)  # the seed leaves a choice to make
+        kept = settle_layers_now(gates, depth, keep="bottom")
+        assert kept == {"decoder": list(range(depth)), "encoder": list(range(count))}
+        assert sorted(gates.settled) == sorted(gates.paths[i] for i in decoder + encoder)
+    finally:
+        gates.remove()
+
+
+def settle_layers_now(gates, depth, keep="open"):
     from gatedprune.methods.settling import settle_layers
 
-    settle_layers(gates, 5, {"decoder": depth}, gated_step=4)  # not yet
+    settle_layers(gates, 5, {"decoder": depth}, gated_step=4, keep=keep)  # not yet
     assert not gates.settled
-    settle_layers(gates, 5, {"decoder": depth}, gated_step=5)
+    settle_layers(gates, 5, {"decoder": depth}, gated_step=5, keep=keep)
     return {stack: [gates.layers[i] for i, k in enumerate(gates.kinds) if k == f"{stack}_layer"
                     and gates.gates[i].log_alpha.item() > 0] for stack in ("encoder", "decoder")}
 
@@ -197,6 +217,16 @@ def settle_layers_now(gates, depth):
 def test_a_settled_depth_the_run_cannot_use_is_refused_in_one_line(depth, settle_at, kinds, message):
     with pytest.raises(ValueError, match=message):
         L0(settle_layers_at=settle_at, settle_depth=depth, kinds=list(kinds))
+
+
+@pytest.mark.parametrize("keep, settle_at, message", [
+    ("top", 5, r"pruning.settle_keep='top'; allowed: open, bottom"),
+    ("bottom", None, r"pruning.settle_keep=bottom says which layers are kept when the layer gates settle, and "
+                     r"pruning.settle_layers_at is null; allowed: with settle_layers_at, or settle_keep open"),
+])
+def test_a_settling_rule_the_run_cannot_use_is_refused_in_one_line(keep, settle_at, message):
+    with pytest.raises(ValueError, match=message):
+        L0(settle_layers_at=settle_at, settle_keep=keep, kinds=list(ALL_KINDS))
 
 
 def test_a_settled_depth_deeper_than_the_model_is_refused_with_its_layers(bart3):
@@ -264,6 +294,30 @@ def test_a_run_with_a_settled_depth_ships_that_many_decoder_layers(tmp_path):
     kept = [layer for layer, value in decoder.items() if value > 0]
     assert f"decoder {kept}" in proc.stdout
     assert json.loads((run / "pruned" / "config.json").read_text())["gatedprune"]["kept_layers"]["decoder"] == kept
+
+
+def test_a_run_with_the_bottom_rule_ships_the_first_decoder_layer_held_from_its_first_gated_step(tmp_path):
+    """pruning.settle_keep=bottom, settle_depth={decoder: 1}, settled at gated step 1 (the recovery grid's
+    gates_bottom1 on the smoke model): decoder layer 0 is held open and layer 1 closed, and the export keeps layer 0."""
+    import json
+
+    from helpers import FAKE_TIMER, run_train
+    from gatedprune.training.checkpoints import load_gated_checkpoint
+
+    run = tmp_path / "run"
+    kinds = [k for k in ALL_KINDS if k != "encoder_layer"]
+    proc = run_train(run, "pruning=l0_budget", "pruning.target_latency=0.6", f"pruning.kinds=[{','.join(kinds)}]",
+                     "pruning.target_warmup_steps=5", "pruning.settle_layers_at=1", "pruning.settle_depth={decoder:1}",
+                     "pruning.settle_keep=bottom", "pruning.eval_gate_mode=expected_size",
+                     "pruning.workload.source_tokens=6", "pruning.workload.target_tokens=4",
+                     "pruning.workload.repeats=1", prefix=FAKE_TIMER)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("gated step 1: note: the gates of decoder_layer are settled and held: kept layers "
+                             "decoder [0]") == 1
+    _, gates = load_gated_checkpoint(run / "checkpoints" / "last.ckpt")
+    decoder = [gates.gates[i].log_alpha.item() for i, k in enumerate(gates.kinds) if k == "decoder_layer"]
+    assert decoder == [10.0, -10.0]
+    assert json.loads((run / "pruned" / "config.json").read_text())["gatedprune"]["kept_layers"]["decoder"] == [0]
 
 
 def test_without_the_fill_the_export_is_the_gated_model_in_eval_mode(bart3, tmp_path):

@@ -67,6 +67,7 @@ class GatedPruning(Method):
     # settled (layers decided apart from widths, as NASH does); null: the layer gates train to the end
     settle_layers_at: int | None = None
     settle_depth: dict[str, int] | None = None  # {stack: layers} kept when they settle (methods.settling); null: expected
+    settle_keep: str = "open"  # which layers a settled stack keeps: its most open gates, or bottom (its first layers)
     # distill (from Method): distillation from the dense model while gating
 
     def __post_init__(self) -> None:
@@ -80,7 +81,7 @@ class GatedPruning(Method):
             raise ValueError(f"pruning.stop_when_stable={self.stop_when_stable}; allowed: null or an integer >= 1")
         if self.final_temperature is not None and not (0 < self.final_temperature < math.inf):
             raise ValueError(f"pruning.final_temperature={self.final_temperature}; allowed: null or a number > 0")
-        check_settling(self.settle_layers_at, self.settle_depth, self.kinds)
+        check_settling(self.settle_layers_at, self.settle_depth, self.kinds, self.settle_keep)
         self.settle_depth = dict(self.settle_depth) if self.settle_depth is not None else None
         self._gated_steps: int | None = None  # set by check_schedule: trainer.max_steps - start_step
         if self.eval_gate_mode not in MODES:
@@ -133,7 +134,7 @@ class GatedPruning(Method):
 
     def before_step(self, gates: HeadGates, gated_step: int) -> None:
         """Called before each gated step: the layer gates settle at ``settle_layers_at`` (``methods.settling``)."""
-        settle_layers(gates, self.settle_layers_at, self.settle_depth, gated_step)
+        settle_layers(gates, self.settle_layers_at, self.settle_depth, gated_step, self.settle_keep)
 
     def penalty(self, gates: HeadGates, state: nn.Module | None, gated_step: int) -> tuple[torch.Tensor, dict]:
         """The term added to the cross-entropy at a gated step, and what to log about it."""

@@ -6,6 +6,11 @@ rounded: CoFiPruning's deterministic mask). ``settle_depth`` sets it by a rule i
 gates still choose which layers, and every width. docs/gates.md 0f found the rounded count the same at every
 seed and both targets (one decoder layer), where random structures kept two narrower decoder layers at 0.67 and
 scored higher; a depth given is how that choice is tested, and how a user fixes it.
+
+Which layers a settled stack keeps is its most open layer gates (``settle_keep: open``), or its first layers from
+the input (``bottom``: Sajjad et al. 2020's top-layer dropping, which layers by a rule and only the widths by the
+gates). docs/gates.md 0i: the gates kept the top decoder layers at every seed and both targets, where the random
+structures and even layers that scored higher kept layer 0.
 """
 
 from __future__ import annotations
@@ -14,10 +19,16 @@ from gatedprune.structures.head_gates import HeadGates
 from gatedprune.structures.kinds import KINDS, LAYER_KINDS, layer_kind
 
 STACKS = tuple(KINDS[kind].stack for kind in LAYER_KINDS)
+KEEP = ("open", "bottom")  # which layers a settled stack keeps: its most open gates, or its first layers
 
 
-def check_settling(settle_at, depth, kinds) -> None:
-    """Refuse, in one line, a settling step or a depth the run cannot use (before anything runs)."""
+def check_settling(settle_at, depth, kinds, keep: str = "open") -> None:
+    """Refuse, in one line, a settling step, a depth or a rule the run cannot use (before anything runs)."""
+    if keep not in KEEP:
+        raise ValueError(f"pruning.settle_keep={keep!r}; allowed: {', '.join(KEEP)}")
+    if keep != "open" and settle_at is None:
+        raise ValueError(f"pruning.settle_keep={keep} says which layers are kept when the layer gates settle, and "
+                         "pruning.settle_layers_at is null; allowed: with settle_layers_at, or settle_keep open")
     if settle_at is not None:
         if isinstance(settle_at, bool) or not isinstance(settle_at, int) or settle_at < 1:
             raise ValueError(f"pruning.settle_layers_at={settle_at}; allowed: null or an integer >= 1 (a gated step)")
@@ -50,12 +61,16 @@ def check_depth(depth, gates: HeadGates) -> None:
                              f"model's {stack} layers)")
 
 
-def settle_layers(gates: HeadGates, settle_at: int | None, depth, gated_step: int) -> None:
+def settle_layers(gates: HeadGates, settle_at: int | None, depth, gated_step: int, keep: str = "open") -> None:
     """Before each gated step: from ``settle_at`` on, the layer gates are decided (once; a resumed run finds them
     settled in its checkpoint)."""
     if settle_at is None or gated_step < settle_at:
         return
     layers = [kind for kind in LAYER_KINDS if kind in gates.kinds]
     if not all(path in gates.settled for path, kind in zip(gates.paths, gates.kinds) if kind in layers):
+        counts = {**{k: n for k, n in gates.expected_counts().items() if k in layers},
+                  **{layer_kind(stack): n for stack, n in (depth or {}).items()}}
+        if keep == "bottom":  # the first n layers made the most open, so the top-n choice below keeps them
+            gates.fix_({gates.layers_paths[kind]: list(range(n)) for kind, n in counts.items()})
         print(f"gated step {gated_step}: ", end="")
-        gates.settle_(layers, counts={layer_kind(stack): n for stack, n in (depth or {}).items()})
+        gates.settle_(layers, counts=counts)
