@@ -91,11 +91,12 @@ DEPTH2 = (*NASH, "pruning.settle_depth={decoder:2}")
 # gate protocol kept the top decoder layers ([2] at 0.55, [1, 2] at 0.67, every seed), where the random structures
 # and even layers that scored higher kept layer 0 (docs/gates.md 0i). The depth is the one the gates kept: one
 # decoder layer at 0.55 (the preset's), two at 0.67 (gates_depth2's), so their even-layers cells stand in
-BOTTOM = (*NASH, "pruning.settle_keep=bottom")
+BOTTOM1 = (*NASH, "pruning.settle_keep=bottom", "pruning.settle_depth={decoder:1}")
+BOTTOM2 = (*NASH, "pruning.settle_keep=bottom", "pruning.settle_depth={decoder:2}")
 GATES = {"gates": GatedPhase(), "gates_settled": GatedPhase(300, 100, SETTLED), "gates_nash": GatedPhase(300, 100, NASH),
          "gates_depth2": GatedPhase(300, 100, DEPTH2, targets=("high",)),
-         "gates_bottom1": GatedPhase(300, 1, (*BOTTOM, "pruning.settle_depth={decoder:1}"), ("low",), "gates"),
-         "gates_bottom2": GatedPhase(300, 1, (*BOTTOM, "pruning.settle_depth={decoder:2}"), ("high",), "gates_depth2")}
+         "gates_bottom1": GatedPhase(300, 1, BOTTOM1, ("low",), "gates"),
+         "gates_bottom2": GatedPhase(300, 1, BOTTOM2, ("high",), "gates_depth2")}
 
 
 @dataclass(frozen=True)

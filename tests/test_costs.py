@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import json
 import re
 from pathlib import Path
@@ -360,6 +361,40 @@ def test_the_budget_prices_the_deterministic_gates_and_the_export_plan_as_the_mo
             assert len(plan[probe(bart3).layers["decoder"]]) >= 1, key
         assert report["plan_kept"] <= 0.6 + 1e-9 and report["binary_kept"] != pytest.approx(report["plan_kept"])
         assert report["expected_kept"] == pytest.approx(budget.expected_fraction().item())
+    finally:
+        gates.remove()
+
+
+@pytest.mark.parametrize("layers, kept", [({"decoder": 1}, {"decoder_layer": 1}), ({"decoder": 2}, {"decoder_layer": 2}),
+                                           ({"decoder": 3, "encoder": 1}, {"decoder_layer": 3, "encoder_layer": 1})])
+def test_the_floor_with_a_depth_is_those_layers_alone_every_gated_structure_inside_removed(bart3, layers, kept):
+    model = copy.deepcopy(bart3)
+    gates = attach_gates(model, ALL_KINDS)
+    try:
+        costs = StructureCosts.of_linear(LinearCost("latency", BASE, TRUE), model, gates)
+        expected = (BASE + sum(TRUE[kind] * n for kind, n in kept.items())) / costs.total
+        assert costs.floor_with(gates, layers) == pytest.approx(expected)
+    finally:
+        gates.remove()
+
+
+def test_a_settled_depth_over_the_latency_target_is_refused_with_what_it_keeps(bart3):
+    from gatedprune.methods.settling import check_depth_fits
+
+    model = copy.deepcopy(bart3)
+    gates = attach_gates(model, ALL_KINDS)
+    try:
+        gates.set_costs("latency", StructureCosts.of_linear(LinearCost("latency", BASE, TRUE), model, gates))
+        two = (BASE + 2 * TRUE["decoder_layer"]) / gates.costs["latency"].total
+        budget = CostBudget(gates, "latency", round(two - 0.002, 4), warmup_steps=0)
+        with pytest.raises(ValueError, match=r"^pruning.settle_depth=\{'decoder': 2\} keeps at least ([0-9.]+) of the "
+                                             r"dense model's predicted latency \(those layers alone, every other gated "
+                                             r"structure removed\), above pruning.target_latency=[0-9.]+; allowed: "
+                                             r"fewer layers, or a target of at least \1$") as refused:
+            check_depth_fits({"decoder": 2}, gates, budget)
+        assert two <= float(refused.value.args[0].split("at least ")[1].split(" ")[0]) < two + 1e-4
+        check_depth_fits({"decoder": 1}, gates, budget)  # one layer fits
+        check_depth_fits({"decoder": 2}, gates, CostBudget(gates, "latency", math.ceil(two * 1e4) / 1e4, warmup_steps=0))
     finally:
         gates.remove()
 

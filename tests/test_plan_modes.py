@@ -320,6 +320,31 @@ def test_a_run_with_the_bottom_rule_ships_the_first_decoder_layer_held_from_its_
     assert json.loads((run / "pruned" / "config.json").read_text())["gatedprune"]["kept_layers"]["decoder"] == [0]
 
 
+def test_a_run_whose_settled_depth_alone_is_over_its_target_is_refused_at_set_up(tmp_path):
+    """The smoke model priced by the fake timer: two decoder layers alone, every other gated structure removed, keep
+    (base + the encoder's 2 ungated layers + 2 decoder layers) / dense of its latency (0.5), above the floor with one
+    decoder layer (0.4375); a target between them is refused before anything trains."""
+    from helpers import FAKE_BASE, FAKE_COSTS, FAKE_TIMER, error_line, run_train
+
+    # the smoke model: 2 + 2 layers of 4 heads and 64 FFN units
+    dense = FAKE_BASE + sum(FAKE_COSTS[k] * n for k, n in {
+        "encoder": 8, "decoder": 8, "cross": 8, "encoder_ffn": 128, "decoder_ffn": 128, "encoder_layer": 2,
+        "decoder_layer": 2}.items())
+    two = (FAKE_BASE + 2 * FAKE_COSTS["encoder_layer"] + 2 * FAKE_COSTS["decoder_layer"]) / dense
+    kinds = [k for k in ALL_KINDS if k != "encoder_layer"]
+    run = tmp_path / "run"
+    proc = run_train(run, "pruning=l0_budget", "pruning.target_latency=0.47", f"pruning.kinds=[{','.join(kinds)}]",
+                     "pruning.settle_layers_at=1", "pruning.settle_depth={decoder:2}",
+                     "pruning.workload.source_tokens=6", "pruning.workload.target_tokens=4",
+                     "pruning.workload.repeats=1", prefix=FAKE_TIMER)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = error_line(proc)
+    assert line.startswith("error: pruning.settle_depth={'decoder': 2} keeps at least "), line
+    shown = float(line.split("at least ")[1].split(" ")[0])
+    assert two <= shown < two + 1e-3, (shown, two)
+    assert not run.exists()
+
+
 def test_without_the_fill_the_export_is_the_gated_model_in_eval_mode(bart3, tmp_path):
     """pruning.export_fill=false where the eval-mode mask fits: the budget's export rule is that mask, and the model
     exported by it computes what the gated model computes in that mode (not cut to the target)."""

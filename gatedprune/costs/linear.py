@@ -97,20 +97,33 @@ class StructureCosts:
         phantom = [cost.phantom.get(kind, 0.0) for kind in gates.kinds]
         return cls(unit, fixed, prunable, cost.of(model), cost, phantom).keep_least(gates)
 
+    def _phantoms_in(self, gates, outer: int | None) -> float:
+        """What the attention modules inside layer gate ``outer`` (None: outside gated layers) cost once emptied."""
+        return sum(self.phantom[j] for j in range(len(self.unit)) if gates.outer[j] == outer)
+
     def keep_least(self, gates) -> "StructureCosts":
         """Note what every plan keeps of the prunable cost: a decoder layer, where they are gated (the costliest, to be
         safe: ``within`` keeps the most open one), and the phantom head of every attention module a plan can empty."""
-        def phantoms(outer):
-            return sum(self.phantom[j] for j in range(len(self.unit)) if gates.outer[j] == outer)
-
         decoder = [i for i, st in enumerate(gates.structures) if st == "layer" and gates.stacks[i] == "decoder"]
-        self.least = phantoms(None) + max((self.fixed[i] + phantoms(i) for i in decoder), default=0.0)
+        self.least = self._phantoms_in(gates, None) + max(
+            (self.fixed[i] + self._phantoms_in(gates, i) for i in decoder), default=0.0)
         return self
 
     @property
     def floor(self) -> float:
         """The least fraction of ``total`` a plan can keep: what no gate can remove, and what every plan keeps."""
         return (self.total - self.prunable + self.least) / self.total
+
+    def floor_with(self, gates, layers: dict[str, int]) -> float:
+        """The least fraction of ``total`` a plan can keep that keeps ``layers`` ({stack: n}) gated layers of those
+        stacks: what no gate can remove, the phantom heads, and each named stack's n cheapest layers, emptied (a
+        stack not named keeps none, the decoder one)."""
+        least = self._phantoms_in(gates, None)
+        for stack in {gates.stacks[i] for i, st in enumerate(gates.structures) if st == "layer"}:
+            costs = sorted(self.fixed[i] + self._phantoms_in(gates, i) for i, st in enumerate(gates.structures)
+                           if st == "layer" and gates.stacks[i] == stack)
+            least += sum(costs[:layers.get(stack, 1 if stack == "decoder" else 0)])
+        return (self.total - self.prunable + least) / self.total
 
     def allowed(self, fraction: float) -> float:
         """Prunable cost a plan may keep to stay within ``fraction`` of the total."""

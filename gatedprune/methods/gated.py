@@ -30,7 +30,7 @@ from gatedprune.methods.base import Method
 from gatedprune.costs.build import gate_costs
 from gatedprune.costs.workload import Workload
 from gatedprune.methods.budget import CostBudget, HeadBudget, resolve_targets
-from gatedprune.methods.settling import check_depth, check_settling, settle_layers
+from gatedprune.methods.settling import check_depth, check_depth_fits, check_settling, settle_layers
 from gatedprune.shipping.export_dir import check_out_dir
 from gatedprune.structures.hard_concrete import GateOptions
 from gatedprune.structures.head_gates import MODES, PENALTY_NORMALISATIONS, PLAN_MODES, HeadGates
@@ -319,8 +319,11 @@ class L0Budget(GatedPruning):
         if unit is not None:
             self.cost_source = gate_costs(unit, model, gates, self.workload, self.cost_dirs)
             dense_run = self._gated_steps is not None and self._gated_steps < 1  # its floor cuts nothing: no refusal
-            return CostBudget(gates, unit, getattr(self, f"target_{unit}"), self.target_warmup_steps, dense_run,
-                              ships=None if self.export_fill else self.eval_gate_mode)
+            budget = CostBudget(gates, unit, getattr(self, f"target_{unit}"), self.target_warmup_steps, dense_run,
+                                ships=None if self.export_fill else self.eval_gate_mode)
+            if not dense_run:
+                check_depth_fits(self.settle_depth, gates, budget)
+            return budget
         targets = resolve_targets(self.target_heads, gates)
         for kind, target in targets.items():
             layers = gates.kinds.count(kind)

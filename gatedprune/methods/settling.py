@@ -15,6 +15,8 @@ structures and even layers that scored higher kept layer 0.
 
 from __future__ import annotations
 
+import math
+
 from gatedprune.structures.head_gates import HeadGates
 from gatedprune.structures.kinds import KINDS, LAYER_KINDS, layer_kind
 
@@ -59,6 +61,20 @@ def check_depth(depth, gates: HeadGates) -> None:
         if layers > have:
             raise ValueError(f"pruning.settle_depth.{stack}={layers}; allowed: an integer in [1, {have}] (the "
                              f"model's {stack} layers)")
+
+
+def check_depth_fits(depth, gates: HeadGates, budget) -> None:
+    """Refuse a depth whose layers alone, every other gated structure removed, cost more than a cost budget's target
+    (``budget``: a ``CostBudget``): the widths would close and the run would still miss it."""
+    if not depth:
+        return
+    least = gates.costs[budget.unit].floor_with(gates, depth)
+    if least > budget.target:
+        shown = math.ceil(least * 10_000) / 10_000  # rounded up: the value shown is allowed
+        raise ValueError(f"pruning.settle_depth={dict(depth)} keeps at least {shown} of the dense model's "
+                         f"{budget.WHAT[budget.unit]} (those layers alone, every other gated structure removed), "
+                         f"above pruning.target_{budget.unit}={budget.target}; allowed: fewer layers, or a target of "
+                         f"at least {shown}")
 
 
 def settle_layers(gates: HeadGates, settle_at: int | None, depth, gated_step: int, keep: str = "open") -> None:
