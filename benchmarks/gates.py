@@ -66,7 +66,7 @@ PROTOCOLS = (
     # nash_300 settled one at every seed, and random structures keeping two scored higher at 0.67
     # (at 0.67 only: the recovery start's targets)
     Protocol("depth2_300", recovery.DEPTH2, 300, 100, (1234, 1, 2), "gates_depth2"),
-    # the decoder's first layers held from the first gated step (pruning.settle_keep=bottom, Sajjad et al.'s top-layer
+    # the decoder's first layers, decided after one gated step (pruning.settle_keep=bottom, Sajjad et al.'s top-layer
     # dropping), the gates choosing every width: every protocol above kept the top decoder layers (the recovery
     # grid's gates_bottom1 at 0.55, gates_bottom2 at 0.67)
     Protocol("bottom1_300", recovery.BOTTOM1, 300, 1, (1234, 1, 2), "gates_bottom1"),

@@ -62,7 +62,8 @@ class GatedPhase:
     settle_at: int | None = None
     overrides: tuple[str, ...] = ()
     targets: tuple[str, ...] = ("low", "high")  # the setting's targets it runs at (a depth too deep for the low one)
-    # the candidate whose even-layers cells stand in for this one's (a depth given, the same as that one keeps)
+    # the candidate whose even-layers cells stand in for this one's (its depth is given: the one that one keeps; where
+    # they differ at a seed, the tables find no even-layers cell of this depth and show "-")
     even_as: str | None = None
 
     def args(self, scale: float) -> list[str]:
@@ -87,7 +88,7 @@ NASH = (*SETTLED, "pruning.kinds=[encoder,decoder,cross,encoder_ffn,decoder_ffn,
 # (the kept fit: base 95.4 ms + 2 x 13.7 ms of 213 ms dense is 0.58), so it runs at 0.67 only
 DEPTH2 = (*NASH, "pruning.settle_depth={decoder:2}")
 # Sajjad et al. (2020)'s top-layer dropping with NASH's widths: the decoder keeps its first layers
-# (pruning.settle_keep=bottom), held from the first gated step, and the gates choose every width around them. Every
+# (pruning.settle_keep=bottom), decided after one gated step, and the gates choose every width around them. Every
 # gate protocol kept the top decoder layers ([2] at 0.55, [1, 2] at 0.67, every seed), where the random structures
 # and even layers that scored higher kept layer 0 (docs/gates.md 0i). The depth is the one the gates kept: one
 # decoder layer at 0.55 (the preset's), two at 0.67 (gates_depth2's), so their even-layers cells stand in

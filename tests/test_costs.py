@@ -365,15 +365,24 @@ def test_the_budget_prices_the_deterministic_gates_and_the_export_plan_as_the_mo
         gates.remove()
 
 
-@pytest.mark.parametrize("layers, kept", [({"decoder": 1}, {"decoder_layer": 1}), ({"decoder": 2}, {"decoder_layer": 2}),
-                                           ({"decoder": 3, "encoder": 1}, {"decoder_layer": 3, "encoder_layer": 1})])
+PHANTOM = {"encoder": 7e-4, "decoder": 9e-4, "cross": 8e-4}  # what an attention module emptied of heads costs
+
+
+@pytest.mark.parametrize("layers, kept", [({}, {"decoder_layer": 1}), ({"decoder": 2}, {"decoder_layer": 2}),
+                                           ({"encoder": 1}, {"decoder_layer": 1, "encoder_layer": 1}),
+                                           ({"decoder": 3, "encoder": 2}, {"decoder_layer": 3, "encoder_layer": 2})])
 def test_the_floor_with_a_depth_is_those_layers_alone_every_gated_structure_inside_removed(bart3, layers, kept):
+    """Every kind gated: what is left is the base, each kept layer's own cost, and the phantom head of each attention
+    module inside it (self-attention in an encoder layer; self- and cross-attention in a decoder layer); a stack not
+    named keeps what the floor keeps (the decoder one layer, the encoder none)."""
     model = copy.deepcopy(bart3)
     gates = attach_gates(model, ALL_KINDS)
     try:
-        costs = StructureCosts.of_linear(LinearCost("latency", BASE, TRUE), model, gates)
-        expected = (BASE + sum(TRUE[kind] * n for kind, n in kept.items())) / costs.total
+        costs = StructureCosts.of_linear(LinearCost("latency", BASE, TRUE, PHANTOM), model, gates)
+        inside = {"encoder_layer": PHANTOM["encoder"], "decoder_layer": PHANTOM["decoder"] + PHANTOM["cross"]}
+        expected = (BASE + sum((TRUE[kind] + inside[kind]) * n for kind, n in kept.items())) / costs.total
         assert costs.floor_with(gates, layers) == pytest.approx(expected)
+        assert costs.floor_with(gates, {}) == pytest.approx(costs.floor)
     finally:
         gates.remove()
 

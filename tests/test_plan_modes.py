@@ -184,8 +184,10 @@ def test_the_bottom_rule_keeps_the_first_layers_of_each_stack_however_open_the_o
         for n, i in enumerate(decoder):  # the top layer the most open: the open rule would keep it first
             gates.gates[i].log_alpha.data.fill_(-1.2 + 0.1 * n)
         encoder = [i for i, kind in enumerate(gates.kinds) if kind == "encoder_layer"]
+        for i, value in zip(encoder, (-2.0, -1.0, 2.0)):  # the top layer the most open here too
+            gates.gates[i].log_alpha.data.fill_(value)
         count = round(sum(_p_open(gates.gates[i].log_alpha).item() for i in encoder))
-        assert 0 < count < len(encoder)  # the seed leaves a choice to make
+        assert 0 < count < len(encoder)  # a choice to make: the open rule would keep the top layers
         kept = settle_layers_now(gates, depth, keep="bottom")
         assert kept == {"decoder": list(range(depth)), "encoder": list(range(count))}
         assert sorted(gates.settled) == sorted(gates.paths[i] for i in decoder + encoder)
@@ -296,9 +298,11 @@ def test_a_run_with_a_settled_depth_ships_that_many_decoder_layers(tmp_path):
     assert json.loads((run / "pruned" / "config.json").read_text())["gatedprune"]["kept_layers"]["decoder"] == kept
 
 
-def test_a_run_with_the_bottom_rule_ships_the_first_decoder_layer_held_from_its_first_gated_step(tmp_path):
-    """pruning.settle_keep=bottom, settle_depth={decoder: 1}, settled at gated step 1 (the recovery grid's
-    gates_bottom1 on the smoke model): decoder layer 0 is held open and layer 1 closed, and the export keeps layer 0."""
+@pytest.mark.parametrize("keep, kept", [("open", [1]), ("bottom", [0])])
+def test_a_run_settles_its_decoder_to_the_layer_its_rule_keeps(tmp_path, keep, kept):
+    """settle_depth={decoder: 1} at gated step 8 of the smoke model, where its decoder's top layer is the more open
+    (seed 3): the open rule keeps layer 1, the bottom rule (the recovery grid's gates_bottom1) layer 0; the layer is
+    held at log_alpha +-10 and the export keeps it."""
     import json
 
     from helpers import FAKE_TIMER, run_train
@@ -307,17 +311,17 @@ def test_a_run_with_the_bottom_rule_ships_the_first_decoder_layer_held_from_its_
     run = tmp_path / "run"
     kinds = [k for k in ALL_KINDS if k != "encoder_layer"]
     proc = run_train(run, "pruning=l0_budget", "pruning.target_latency=0.6", f"pruning.kinds=[{','.join(kinds)}]",
-                     "pruning.target_warmup_steps=5", "pruning.settle_layers_at=1", "pruning.settle_depth={decoder:1}",
-                     "pruning.settle_keep=bottom", "pruning.eval_gate_mode=expected_size",
+                     "pruning.target_warmup_steps=5", "pruning.settle_layers_at=8", "pruning.settle_depth={decoder:1}",
+                     f"pruning.settle_keep={keep}", "pruning.eval_gate_mode=expected_size", "seed=3",
                      "pruning.workload.source_tokens=6", "pruning.workload.target_tokens=4",
                      "pruning.workload.repeats=1", prefix=FAKE_TIMER)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("gated step 1: note: the gates of decoder_layer are settled and held: kept layers "
-                             "decoder [0]") == 1
+    assert proc.stdout.count("gated step 8: note: the gates of decoder_layer are settled and held: kept layers "
+                             f"decoder {kept}") == 1
     _, gates = load_gated_checkpoint(run / "checkpoints" / "last.ckpt")
     decoder = [gates.gates[i].log_alpha.item() for i, k in enumerate(gates.kinds) if k == "decoder_layer"]
-    assert decoder == [10.0, -10.0]
-    assert json.loads((run / "pruned" / "config.json").read_text())["gatedprune"]["kept_layers"]["decoder"] == [0]
+    assert decoder == [10.0 if layer in kept else -10.0 for layer in range(2)]
+    assert json.loads((run / "pruned" / "config.json").read_text())["gatedprune"]["kept_layers"]["decoder"] == kept
 
 
 def test_a_run_whose_settled_depth_alone_is_over_its_target_is_refused_at_set_up(tmp_path):

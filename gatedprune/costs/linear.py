@@ -21,6 +21,7 @@ of their gated structures; what no gate can remove is total - prunable.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -101,12 +102,15 @@ class StructureCosts:
         """What the attention modules inside layer gate ``outer`` (None: outside gated layers) cost once emptied."""
         return sum(self.phantom[j] for j in range(len(self.unit)) if gates.outer[j] == outer)
 
+    def _emptied_layers(self, gates, stack: str) -> list[float]:
+        """What each gated layer of ``stack`` costs kept and emptied (its fixed part and its modules' phantom heads)."""
+        return [self.fixed[i] + self._phantoms_in(gates, i) for i, st in enumerate(gates.structures)
+                if st == "layer" and gates.stacks[i] == stack]
+
     def keep_least(self, gates) -> "StructureCosts":
         """Note what every plan keeps of the prunable cost: a decoder layer, where they are gated (the costliest, to be
         safe: ``within`` keeps the most open one), and the phantom head of every attention module a plan can empty."""
-        decoder = [i for i, st in enumerate(gates.structures) if st == "layer" and gates.stacks[i] == "decoder"]
-        self.least = self._phantoms_in(gates, None) + max(
-            (self.fixed[i] + self._phantoms_in(gates, i) for i in decoder), default=0.0)
+        self.least = self._phantoms_in(gates, None) + max(self._emptied_layers(gates, "decoder"), default=0.0)
         return self
 
     @property
@@ -116,13 +120,12 @@ class StructureCosts:
 
     def floor_with(self, gates, layers: dict[str, int]) -> float:
         """The least fraction of ``total`` a plan can keep that keeps ``layers`` ({stack: n}) gated layers of those
-        stacks: what no gate can remove, the phantom heads, and each named stack's n cheapest layers, emptied (a
-        stack not named keeps none, the decoder one)."""
-        least = self._phantoms_in(gates, None)
-        for stack in {gates.stacks[i] for i, st in enumerate(gates.structures) if st == "layer"}:
-            costs = sorted(self.fixed[i] + self._phantoms_in(gates, i) for i, st in enumerate(gates.structures)
-                           if st == "layer" and gates.stacks[i] == stack)
-            least += sum(costs[:layers.get(stack, 1 if stack == "decoder" else 0)])
+        stacks, emptied: ``floor`` with each named stack's n cheapest layers in place of what it keeps there (a lower
+        bound, whichever layers are kept: the encoder none, the decoder the one ``keep_least`` counts)."""
+        least = self.least
+        for stack, n in layers.items():
+            emptied = sorted(self._emptied_layers(gates, stack))
+            least += sum(emptied[:n]) - (max(emptied, default=0.0) if stack == "decoder" else 0.0)
         return (self.total - self.prunable + least) / self.total
 
     def allowed(self, fraction: float) -> float:
@@ -207,3 +210,8 @@ class StructureCosts:
                 inner[gates.outer[i]] = inner[gates.outer[i]] + own
         total += [open_[i].sum() * value for i, value in inner.items()]
         return torch.stack(total).sum()
+
+
+def shown_fraction(fraction: float) -> float:
+    """A fraction as an error message shows it, rounded up to 4 decimals: the value shown is allowed."""
+    return math.ceil(fraction * 10_000) / 10_000

@@ -24,11 +24,10 @@ round(kept / L) per layer, so a target that L does not divide is met to within L
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
+from gatedprune.costs.linear import shown_fraction
 from gatedprune.structures.adapters import ATTENTION_KINDS
 from gatedprune.structures.head_gates import PLAN_MODES, HeadGates
 
@@ -150,7 +149,7 @@ class CostBudget(_Lagrangian):
         self.costs = gates.costs[unit]
         floor = self.costs.floor
         if target < floor and not gates_nothing:
-            least = math.ceil(floor * 10_000) / 10_000  # rounded up: the value shown is allowed
+            least = shown_fraction(floor)
             raise ValueError(f"pruning.target_{unit}={target} is below what removing every gated structure reaches "
                              f"({least} of the dense model's {self.WHAT[unit]}); allowed: a fraction in [{least}, 1)")
         self.target = target

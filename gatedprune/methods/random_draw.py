@@ -14,7 +14,6 @@ per budget, a fraction of the dense model's cost kept at most in one unit, as ``
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -22,6 +21,7 @@ from typing import ClassVar
 import torch
 
 from gatedprune.costs.build import gate_costs
+from gatedprune.costs.linear import shown_fraction
 from gatedprune.costs.workload import Workload
 from gatedprune.methods.baselines import PlanMethod
 from gatedprune.methods.levels import HeadProbe, Level, gate_starts, head_counts, plan_heads
@@ -76,7 +76,7 @@ def check_floor(gates, model, fractions: list[float], unit: str = "params") -> N
         least = -(-floor * 10_000 // total) / 10_000  # rounded up: the value shown is allowed
         below = [fraction for fraction in fractions if int(fraction * total) < floor]
     else:
-        least = math.ceil(gates.costs[unit].floor * 10_000) / 10_000
+        least = shown_fraction(gates.costs[unit].floor)
         below = [fraction for fraction in fractions if fraction < gates.costs[unit].floor]
     if below:
         raise ValueError(f"pruning.{unit}={below[0]} is below what removing every gated structure reaches ({least} of "

@@ -2,21 +2,21 @@
 and the widths meet the budget around layers that no longer move.
 
 How many layers a stack keeps is, by default, what its gates expect (the expected number of open layer gates,
-rounded: CoFiPruning's deterministic mask). ``settle_depth`` sets it by a rule instead ({stack: layers}): the
-gates still choose which layers, and every width. docs/gates.md 0f found the rounded count the same at every
+rounded: CoFiPruning's deterministic mask). ``settle_depth`` sets it by a rule instead ({stack: layers}), the
+gates choosing every width. docs/gates.md 0f found the rounded count the same at every
 seed and both targets (one decoder layer), where random structures kept two narrower decoder layers at 0.67 and
 scored higher; a depth given is how that choice is tested, and how a user fixes it.
 
 Which layers a settled stack keeps is its most open layer gates (``settle_keep: open``), or its first layers from
 the input (``bottom``: Sajjad et al. 2020's top-layer dropping, which layers by a rule and only the widths by the
-gates). docs/gates.md 0i: the gates kept the top decoder layers at every seed and both targets, where the random
-structures and even layers that scored higher kept layer 0.
+gates; a stack ``settle_depth`` does not name keeps its expected count, so settled early, while the gates are still
+open, nearly all of it). docs/gates.md 0i: the gates kept the top decoder layers at every seed and both targets,
+where the random structures that scored highest at 0.67 kept layers 0 and 1.
 """
 
 from __future__ import annotations
 
-import math
-
+from gatedprune.costs.linear import shown_fraction
 from gatedprune.structures.head_gates import HeadGates
 from gatedprune.structures.kinds import KINDS, LAYER_KINDS, layer_kind
 
@@ -70,7 +70,7 @@ def check_depth_fits(depth, gates: HeadGates, budget) -> None:
         return
     least = gates.costs[budget.unit].floor_with(gates, depth)
     if least > budget.target:
-        shown = math.ceil(least * 10_000) / 10_000  # rounded up: the value shown is allowed
+        shown = shown_fraction(least)
         raise ValueError(f"pruning.settle_depth={dict(depth)} keeps at least {shown} of the dense model's "
                          f"{budget.WHAT[budget.unit]} (those layers alone, every other gated structure removed), "
                          f"above pruning.target_{budget.unit}={budget.target}; allowed: fewer layers, or a target of "
