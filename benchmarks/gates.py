@@ -71,6 +71,10 @@ PROTOCOLS = (
     # grid's gates_bottom1 at 0.55, gates_bottom2 at 0.67)
     Protocol("bottom1_300", recovery.BOTTOM1, 300, 1, (1234, 1, 2), "gates_bottom1"),
     Protocol("bottom2_300", recovery.BOTTOM2, 300, 1, (1234, 1, 2), "gates_bottom2"),
+    # bottom2_300 ended 4-5% under 0.67 at every seed (the multiplier went negative while the target ramped down to a
+    # cost the settled layers were already below): the target without a ramp, or the layers decided at step 100
+    Protocol("bottom2_flat_300", recovery.BOTTOM2_FLAT, 300, 1, (1234, 1, 2), "gates_bottom2_flat"),
+    Protocol("bottom2_late_300", recovery.BOTTOM2, 300, 100, (1234, 1, 2), "gates_bottom2_late"),
 )
 
 
