@@ -75,6 +75,7 @@ PROTOCOLS = (
     # cost the settled layers were already below): the target without a ramp, or the layers decided at step 100
     Protocol("bottom2_flat_300", recovery.BOTTOM2_FLAT, 300, 1, (1234, 1, 2), "gates_bottom2_flat"),
     Protocol("bottom2_late_300", recovery.BOTTOM2, 300, 100, (1234, 1, 2), "gates_bottom2_late"),
+    Protocol("bottom1_late_300", recovery.BOTTOM1, 300, 100, (1234, 1, 2), "gates_bottom1_late"),
 )
 
 

@@ -105,7 +105,8 @@ GATES = {"gates": GatedPhase(), "gates_settled": GatedPhase(300, 100, SETTLED), 
          "gates_bottom1": GatedPhase(300, 1, BOTTOM1, ("low",), "gates"),
          "gates_bottom2": GatedPhase(300, 1, BOTTOM2, ("high",), "gates_depth2"),
          "gates_bottom2_flat": GatedPhase(300, 1, BOTTOM2_FLAT, ("high",), "gates_depth2"),
-         "gates_bottom2_late": GatedPhase(300, 100, BOTTOM2, ("high",), "gates_depth2")}
+         "gates_bottom2_late": GatedPhase(300, 100, BOTTOM2, ("high",), "gates_depth2"),
+         "gates_bottom1_late": GatedPhase(300, 100, BOTTOM1, ("low",), "gates")}
 
 
 @dataclass(frozen=True)
@@ -390,7 +391,7 @@ def stand_in(cell: Recovery, cells: list[dict], runs: Path) -> dict | None:
 
 
 CANDIDATES = ("gates_settled", "gates_nash", "gates_depth2", "gates_bottom2", "gates_bottom1", "gates_bottom2_flat",
-              "gates_bottom2_late")  # issue 38's candidate protocols, each compared with the other starts
+              "gates_bottom2_late", "gates_bottom1_late")  # issue 38's candidate protocols, each compared with the other starts
 RIVALS = ("gates", "random", "even_layers")
 
 
