@@ -719,3 +719,18 @@ def test_the_readme_s_recovery_numbers_are_the_cells():
     assert (f"recovers to {at['1000']:.2f} test BLEU after 1,000 fine-tuning steps and {at['2000']:.2f} after 2,000; "
             f"the same shape trained from scratch with the same recipe reaches {cold['1000']:.2f} and "
             f"{cold['2000']:.2f}") in readme
+
+
+def test_the_first_layers_experiment_is_the_protocol_the_grid_measured(tmp_path):
+    """``experiment=first_layers`` (docs/gates.md 0j) composes to the gated phase of the recovery grid's
+    ``gates_bottom2_late`` at 0.67, as ``benchmarks/recovery.py`` passes it on the command line: what ships is what
+    was measured."""
+    from helpers import compose_train
+
+    bench = load_benchmark("recovery")
+    measured = ["model=teacher", "pruning=speed", f"pruning.target_latency={bench.HIGH}",
+                *bench.GATES["gates_bottom2_late"].args(1.0)]
+    shipped, grid = compose_train(tmp_path, "experiment=first_layers"), compose_train(tmp_path, *measured)
+    assert shipped.pruning == grid.pruning and shipped.gated_steps == grid.gated_steps == 300
+    assert shipped.model == grid.model and shipped.dense_steps == grid.dense_steps == 0
+    assert shipped.pruning.settle_keep == "bottom" and shipped.pruning.settle_layers_at == 100
