@@ -42,7 +42,8 @@ def test_every_protocol_is_recorded_with_its_three_costs_beside_the_target(tmp_p
         protocol = next(p for p in bench.PROTOCOLS if p.name == record["protocol"])
         ungated = any(o.startswith("pruning.kinds=") and "encoder_layer" not in o for o in protocol.overrides)
         assert set(whole) == ({"encoder_layer"} if ungated else set())
-        assert ungated == (record["protocol"] in ("nash_300", "depth2_300", "bottom1_300", "bottom2_300"))
+        assert ungated == (record["protocol"] in ("nash_300", "depth2_300", "bottom1_300", "bottom2_300",
+                                                  "bottom2_flat_300", "bottom2_late_300", "bottom1_late_300"))
         if record["protocol"].startswith("bottom"):  # the decoder's first layers, as many as the protocol says
             depth = int(record["protocol"][len("bottom")])
             kept = json.loads((run / "pruned" / "config.json").read_text())["gatedprune"]["kept_layers"]["decoder"]
