@@ -47,6 +47,13 @@ class Protocol:
     # run is not here is recorded from that export's run, where it is (``--reuse``), rather than trained again
     recovery_start: str | None = None
 
+    @classmethod
+    def of_start(cls, name: str, start: str) -> "Protocol":
+        """The gated phase of the recovery grid's ``start`` (``recovery.GATES``), at the grid's seeds: one definition
+        of what both benchmarks run, so a cell recorded from the grid's export is the same training."""
+        phase = recovery.GATES[start]
+        return cls(name, phase.overrides, phase.gated_steps, phase.settle_at, recovery.SEEDS, start)
+
 
 # the default's controller, then one change at a time (docs/gates.md, section 6: the causes to test)
 PROTOCOLS = (
@@ -58,24 +65,24 @@ PROTOCOLS = (
     # the hold, with the layer gates decided at gated step 100 (the expected number per stack) and held, so the widths
     # meet the target around settled layers for the last 200 steps; evaluated with CoFi's expected-size mask and
     # exported as it where it fits (the recovery grid's gates_settled: the same run)
-    Protocol("settle_300", recovery.SETTLED, 300, 100, (1234, 1, 2), "gates_settled"),
+    Protocol.of_start("settle_300", "gates_settled"),
     # the same without encoder layer gates (NASH's split: the encoder narrowed, never dropped; the recovery grid's
     # gates_nash): at seed 1 settle_300 settled the whole encoder closed at both targets
-    Protocol("nash_300", recovery.NASH, 300, 100, (1234, 1, 2), "gates_nash"),
+    Protocol.of_start("nash_300", "gates_nash"),
     # the same with the decoder's depth given, two layers (pruning.settle_depth; the recovery grid's gates_depth2):
     # nash_300 settled one at every seed, and random structures keeping two scored higher at 0.67
     # (at 0.67 only: the recovery start's targets)
-    Protocol("depth2_300", recovery.DEPTH2, 300, 100, (1234, 1, 2), "gates_depth2"),
+    Protocol.of_start("depth2_300", "gates_depth2"),
     # the decoder's first layers, decided after one gated step (pruning.settle_keep=bottom, Sajjad et al.'s top-layer
     # dropping), the gates choosing every width: every protocol above kept the top decoder layers (the recovery
     # grid's gates_bottom1 at 0.55, gates_bottom2 at 0.67)
-    Protocol("bottom1_300", recovery.BOTTOM1, 300, 1, (1234, 1, 2), "gates_bottom1"),
-    Protocol("bottom2_300", recovery.BOTTOM2, 300, 1, (1234, 1, 2), "gates_bottom2"),
+    Protocol.of_start("bottom1_300", "gates_bottom1"),
+    Protocol.of_start("bottom2_300", "gates_bottom2"),
     # bottom2_300 ended 4-5% under 0.67 at every seed (the multiplier went negative while the target ramped down to a
     # cost the settled layers were already below): the target without a ramp, or the layers decided at step 100
-    Protocol("bottom2_flat_300", recovery.BOTTOM2_FLAT, 300, 1, (1234, 1, 2), "gates_bottom2_flat"),
-    Protocol("bottom2_late_300", recovery.BOTTOM2, 300, 100, (1234, 1, 2), "gates_bottom2_late"),
-    Protocol("bottom1_late_300", recovery.BOTTOM1, 300, 100, (1234, 1, 2), "gates_bottom1_late"),
+    Protocol.of_start("bottom2_flat_300", "gates_bottom2_flat"),
+    Protocol.of_start("bottom2_late_300", "gates_bottom2_late"),
+    Protocol.of_start("bottom1_late_300", "gates_bottom1_late"),
 )
 
 
