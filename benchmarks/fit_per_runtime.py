@@ -11,7 +11,9 @@ interleaved repeats against the teacher, in one process), and the noise floor (a
     .venv/bin/python benchmarks/fit_per_runtime.py table    # the table, from the fits and the recovery cells
 
 Measure the fits on the machine, and at the load, that ``recovery.py measure`` timed on: a fit of another machine
-predicts another machine's speed-ups.
+predicts another machine's speed-ups. A later measurement of some cells (``recovery.py measure --cells``, on another
+machine) has its own fits and table: ``--measurement speed_DATE.json`` on both stages keeps them in
+docs/benchmarks/fit_per_runtime/speed_DATE/ and compares them with that measurement's cells only.
 """
 
 from __future__ import annotations
@@ -67,16 +69,16 @@ def fits(results: Path, load_teacher, repeats: int = REPEATS, source_tokens: int
 
 
 def predictions(results: Path, recovery_results: Path, runs: Path, load_teacher,
-                setting: "recovery.Setting" = recovery.REAL) -> list[dict]:
-    """One row per timed shape of the recovery cells: the measured speed-ups (``recovery.py measure``) and what
-    each present fit predicts for a model of that shape."""
+                setting: "recovery.Setting" = recovery.REAL, measurement: str = recovery.FLOOR) -> list[dict]:
+    """One row per shape timed in ``measurement`` (``recovery.py measure``): the measured speed-ups and what each
+    present fit predicts for a model of that shape."""
     from gatedprune.costs import table
 
     fitted = {key: table.read(fit_path(results, key))[1] for key in WORKLOADS if fit_path(results, key).is_file()}
     teacher = load_teacher()
     grid = {cell.name: cell for cell in recovery._grid(setting)}
     rows = []
-    for timed_on, group in recovery.timed_shapes(recovery_results).items():
+    for timed_on, group in recovery.timed_shapes(recovery_results, measurement).items():
         export = grid[group[0]["cell"]].export if group[0]["cell"] in grid else None
         model, said = recovery._timing_model(group, export, runs)
         if model is None:
@@ -128,13 +130,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=Path, default=Path("runs/recovery"), help="recovery.py's runs (the models)")
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--recovery-results", type=Path, default=recovery.RESULTS)
+    parser.add_argument("--measurement", default=recovery.FLOOR,
+                        help="which of recovery.py measure's measurements (its floor's file) the fits are for")
     args = parser.parse_args(argv)
+    own = args.measurement != recovery.FLOOR  # a later measurement: its fits and table beside the grid's
+    if own and args.results == RESULTS:
+        args.results = RESULTS / Path(args.measurement).stem
     load_teacher, _ = recovery._kept_teacher()
     if args.stage == "fits":
         fits(args.results, load_teacher)
         return 0
-    rows = predictions(args.results, args.recovery_results, args.runs.resolve(), load_teacher)
-    floor_path = args.recovery_results / "speed.json"
+    rows = predictions(args.results, args.recovery_results, args.runs.resolve(), load_teacher,
+                       measurement=args.measurement)
+    floor_path = args.recovery_results / args.measurement
     floor = json.loads(floor_path.read_text())["noise_floor"] if floor_path.is_file() else None
     text = report(rows, floor)
     args.results.mkdir(parents=True, exist_ok=True)
@@ -145,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                       "speed-ups (benchmarks/fit_per_runtime.py)\n\n" + text + "\n")
     if args.results.resolve() == RESULTS.resolve():
         recovery.fill(recovery.GATES_PAGE, {"fit table": text})
+    elif own and args.results.resolve() == (RESULTS / Path(args.measurement).stem).resolve():
+        recovery.fill(recovery.GATES_PAGE, {f"fit table {Path(args.measurement).stem}": text})
     print(text)
     return 0
 

@@ -14,6 +14,9 @@ skipped, so the grid is run across sessions and nothing finished is lost with a 
     .venv/bin/python benchmarks/recovery.py run --runs RUNS/recovery --only lr     # the learning-rate probe
     .venv/bin/python benchmarks/recovery.py run --runs RUNS/recovery               # every cell not yet done
     .venv/bin/python benchmarks/recovery.py table                                  # docs/benchmarks/recovery.md
+    .venv/bin/python benchmarks/recovery.py measure --runs RUNS/recovery          # time every cell's model
+    .venv/bin/python benchmarks/recovery.py measure --runs RUNS/recovery --cells 'choose_gates_bottom2_late_*'
+                                                      # some cells, later or elsewhere: a measurement of its own
 
 Each cell's json records its command, the validation curve, the test BLEU at each budget, the wall time and time
 per step of each phase, and the machine.
@@ -22,10 +25,12 @@ per step of each phase, and the machine.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -488,32 +493,53 @@ def fill(page: Path, tables: dict[str, str]) -> str:
     return text
 
 
-def timed_shapes(results: Path) -> dict[str, list[dict]]:
-    """The timed cells by the model they were timed on (cells recovered from one export share it), in record order."""
+def timed_shapes(results: Path, measurement: str | None = None) -> dict[str, list[dict]]:
+    """The timed cells by the model they were timed on (cells recovered from one export share it), in record order;
+    with ``measurement``, only the cells timed in that measurement (its floor's file name)."""
     shapes: dict[str, list[dict]] = {}
     for r in records(results):
-        if r.get("speed"):
+        if r.get("speed") and measurement in (None, measured_in(r)):
             shapes.setdefault(r["speed_timed_on"], []).append(r)
     return shapes
 
 
+def measured_in(record: dict) -> str:
+    """The file of the measurement a cell's speed is from (its noise floor and machine): cells timed before
+    measurements were named were all timed in ``speed.json``'s."""
+    return record.get("speed_measurement", FLOOR)
+
+
+def measurements(results: Path) -> list[str]:
+    """The measurements the timed cells are from, the whole grid's (``speed.json``) first."""
+    return sorted({measured_in(r) for r in records(results) if r.get("speed")}, key=lambda m: (m != FLOOR, m))
+
+
 def speed_table(results: Path) -> str:
-    """One row per timed shape (cells timed on one model share it): the measured speed-ups over the teacher, the
-    latency fit's prediction for batch 1 in generate() and how far it is off, then the noise floor."""
-    rows = []
-    for group in timed_shapes(results).values():
-        r, cells = group[0], len(group)
-        predicted = r.get("speed_predicted")
-        off = f"{100 * (predicted / r['speed']['generate() b1'] - 1):+.0f}%" if predicted else "-"
-        rows.append((f"{r['start']} at {r['target']}, seed {r['seed']} ({cells} cell{'s' if cells > 1 else ''})",
-                     f"{r['params'] / 1e6:.2f} M",
-                     *(f"{r['speed'][k]:.2f}x" for k in SPEED_KEYS), f"{predicted:.2f}x" if predicted else "-", off))
-    floor_path = results / "speed.json"
-    if floor_path.is_file():
-        floor = json.loads(floor_path.read_text())
-        rows.append(("noise floor (a copy of the teacher)", "7.71 M", *(f"{floor['noise_floor'][k]:.2f}x" for k in
-                                                                          SPEED_KEYS), "1.00x", "-"))
-    return markdown_table(["start (the cells timed on one model of its shape)", "params", *SPEED_KEYS, "predicted b1", "predicted off"], rows)
+    """One table per measurement (one process, one machine), one row per timed shape (cells timed on one model share
+    it): the measured speed-ups over the teacher, the latency fit's prediction for batch 1 in generate() and how far
+    it is off, then that measurement's noise floor."""
+    tables = []
+    for measurement in measurements(results):
+        rows = []
+        for group in timed_shapes(results, measurement).values():
+            r, cells = group[0], len(group)
+            predicted = r.get("speed_predicted")
+            off = f"{100 * (predicted / r['speed']['generate() b1'] - 1):+.0f}%" if predicted else "-"
+            rows.append((f"{r['start']} at {r['target']}, seed {r['seed']} ({cells} cell{'s' if cells > 1 else ''})",
+                         f"{r['params'] / 1e6:.2f} M", *(f"{r['speed'][k]:.2f}x" for k in SPEED_KEYS),
+                         f"{predicted:.2f}x" if predicted else "-", off))
+        floor_path = results / measurement
+        floor = json.loads(floor_path.read_text()) if floor_path.is_file() else None
+        if floor:
+            rows.append(("noise floor (a copy of the teacher)", "7.71 M",
+                         *(f"{floor['noise_floor'][k]:.2f}x" for k in SPEED_KEYS), "1.00x", "-"))
+        text = markdown_table(["start (the cells timed on one model of its shape)", "params", *SPEED_KEYS,
+                               "predicted b1", "predicted off"], rows)
+        if measurement != FLOOR:  # a later measurement of some cells: its own process, machine and floor
+            said = f"{floor['machine']}, {floor['when']}" if floor else "its floor's file is gone"
+            text = f"Timed in `{measurement}` ({said}):\n\n{text}"
+        tables.append(text)
+    return "\n\n".join(tables)
 
 
 def page_tables(results: Path) -> dict[Path, dict[str, str]]:
@@ -550,6 +576,7 @@ def table(results: Path) -> str:
 
 
 SPEED_KEYS = ("generate() b1", "generate() b32", "ct2 int8 b1", "ct2 int8 b32")
+FLOOR = "speed.json"  # the measurement of every cell at once: its noise floor, machine and cells
 # the scratch references of docs/speed_quality.md: smaller dense models trained from scratch for 6,150 steps, at about
 # the speed of each target (its rows of docs/benchmarks/speed_quality.json, by method)
 SCRATCH_REFERENCES = {LOW: "dense from scratch, 1 decoder layer", HIGH: "dense from scratch, FFN 512, 2 decoder layers"}
@@ -651,7 +678,8 @@ def _timing_model(group: list[dict], export: "Export | None", runs: Path) -> tup
 
 
 def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_tokens: int = 32,
-            repeats: int = 5, setting: Setting = REAL, table: Path = TABLE) -> dict:
+            repeats: int = 5, setting: Setting = REAL, table: Path = TABLE, cells: list[str] | None = None,
+            name: str = FLOOR) -> dict:
     """Time the final model of every finished cell against the teacher (and a copy of it: the noise floor) in one
     process, generate() and CTranslate2 int8, batch 1 and 32, one thread, the median of ``repeats`` interleaved
     repeats; each cell's json gets its ``speed`` (over the teacher in the same runtime).
@@ -659,7 +687,11 @@ def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_to
     Cells recovered from one export have its shapes, and exactly ``new_tokens`` are generated per sentence, so the
     time does not depend on the weights: each export is timed once, on whichever model of its shapes is here
     (``_timing_model``); a cell with none keeps no speed, and ``speed.json`` says why. Beside it, the speed-up the
-    grid's latency fit (``table``: batch 1, ``generate()``) predicts for that model, ``speed_predicted``."""
+    grid's latency fit (``table``: batch 1, ``generate()``) predicts for that model, ``speed_predicted``.
+
+    ``cells`` (names or glob patterns) times only the exports one of them was recovered from, as a measurement of
+    its own: its floor and machine go in ``name``, not ``FLOOR``, and each of its cells records ``name``
+    (``speed_measurement``), so that speed-ups from two machines or processes are never read as one."""
     import tempfile
 
     from runtimes import Variant, timed
@@ -674,6 +706,11 @@ def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_to
     for r in records(results):
         key = grid[r["cell"]].export.name if r["cell"] in grid else r["cell"]
         groups.setdefault(key, []).append(r)
+    if cells:
+        groups = {key: group for key, group in groups.items()
+                  if any(fnmatch.fnmatchcase(r["cell"], pattern) for r in group for pattern in cells)}
+        if not groups:
+            raise SystemExit(f"--cells {' '.join(cells)}: no finished cell in {results} matches")
     models, timed_on, not_timed = {}, {}, {}
     for key, group in groups.items():
         export = grid[group[0]["cell"]].export if group[0]["cell"] in grid else None
@@ -700,11 +737,13 @@ def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_to
     for key in models:
         for r in groups[key]:
             r["speed"], r["speed_timed_on"], r["speed_predicted"] = speed(key), timed_on[key], predicted[key]
+            r["speed_measurement"] = name
             (results / f"{r['cell']}.json").write_text(json.dumps(r, indent=1) + "\n")
     floor = {"noise_floor": speed("teacher copy"), "machine": machine(), "sentences": sentences,
+             "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
              "new_tokens": new_tokens, "repeats": repeats,
              "cells": [r["cell"] for key in models for r in groups[key]], "not_timed": not_timed}
-    (results / "speed.json").write_text(json.dumps(floor, indent=1) + "\n")
+    (results / name).write_text(json.dumps(floor, indent=1) + "\n")
     return floor
 
 
@@ -753,6 +792,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help="a group: lr, curve, seeds or reference")
     parser.add_argument("--cell", default=None, help="one cell by name (several processes at once, one each)")
     parser.add_argument("--exports-only", action="store_true", help="stage 1 alone: the cut models")
+    parser.add_argument("--cells", nargs="+", default=None,
+                        help="measure: time only these cells (names or glob patterns), as a measurement of its own")
     args = parser.parse_args(argv)
     runs = args.runs.resolve()
     setting = REAL
@@ -779,6 +820,8 @@ def main(argv: list[str] | None = None) -> int:
         # the smoke model's dense run stands in for the teacher, with the latency fit _quick made beside it
         quick = {"teacher": _run_teacher(runs / "dense"), "sentences": 2, "new_tokens": 4, "repeats": 1,
                  "table": quick_fit(runs)} if args.stage == "quick" else {}
+        if args.cells:  # a measurement of its own, named for the day it ran
+            quick.update(cells=args.cells, name=time.strftime("speed_%Y-%m-%d.json", time.gmtime()))
         measure(args.results, runs, setting=setting, **quick)
     text = "\n".join(answers(args.results, setting.targets)) + "\n\n" + table(args.results)
     for chosen in CANDIDATES:

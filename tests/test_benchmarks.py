@@ -591,6 +591,17 @@ def test_recovery_quick_recovers_the_gates_export_and_its_shape_from_scratch(tmp
     shutil.rmtree(runs / export)
     assert timed_on() == {f"{export}, made again (the same shapes)"}
     assert all(set(r["speed"]) == set(bench.SPEED_KEYS) for r in bench.records(results))
+    # a later measurement of some cells is one of its own: the exports they were recovered from (both cells here),
+    # its floor in its own file, and each cell names it; a pattern that matches no cell is refused
+    later = bench.measure(results, runs, teacher=bench._run_teacher(runs / "dense"), sentences=2, new_tokens=4,
+                          repeats=1, setting=bench._quick(runs), cells=[pruned["cell"][:-3] + "*"], name="speed_later.json")
+    assert sorted(later["cells"]) == sorted([pruned["cell"], scratch["cell"]]) and later["when"]
+    assert json.loads((results / "speed_later.json").read_text()) == later
+    assert {bench.measured_in(r) for r in bench.records(results)} == {"speed_later.json"}
+    with pytest.raises(SystemExit, match="--cells nothing_like_it: no finished cell"):
+        bench.measure(results, runs, teacher=bench._run_teacher(runs / "dense"), sentences=2, new_tokens=4,
+                      repeats=1, setting=bench._quick(runs), cells=["nothing_like_it"], name="speed_x.json")
+    assert not (results / "speed_x.json").exists()
     # made again with other shapes (another machine's gates): not timed, and speed.json says why
     for r in bench.records(results):
         (results / f"{r['cell']}.json").write_text(json.dumps({**r, "params": r["params"] + 1, "speed": None}))
@@ -600,6 +611,34 @@ def test_recovery_quick_recovers_the_gates_export_and_its_shape_from_scratch(tmp
     assert floor["cells"] == [] and set(floor["not_timed"]) == {pruned["cell"], scratch["cell"]}
     assert "time it where it ran" in floor["not_timed"][pruned["cell"]]
     assert all(r["speed"] is None for r in bench.records(results))
+
+
+def test_the_speed_table_keeps_each_measurement_with_its_own_noise_floor_and_machine(tmp_path):
+    """Cells timed on two machines are two tables, each with the floor of its own process (old cells, which name no
+    measurement, are the whole grid's, speed.json)."""
+    bench = load_benchmark("recovery")
+    keys = bench.SPEED_KEYS
+
+    def cell(name, start, speed, measurement=None):
+        r = {"cell": name, "start": start, "target": 0.67, "seed": 1, "params": 4_000_000,
+             "speed": dict(zip(keys, speed)), "speed_timed_on": name, "speed_predicted": 1.5}
+        if measurement:
+            r["speed_measurement"] = measurement
+        (tmp_path / f"{name}.json").write_text(json.dumps(r))
+
+    cell("a", "gates", (1.2, 1.6, 1.3, 1.4))
+    cell("b", "first", (1.5, 1.9, 1.6, 1.7), "speed_later.json")
+    (tmp_path / "speed.json").write_text(json.dumps({"noise_floor": dict(zip(keys, (0.99, 1.03, 1.0, 1.0))),
+                                                     "machine": "Intel Xeon"}))
+    (tmp_path / "speed_later.json").write_text(json.dumps({"noise_floor": dict(zip(keys, (1.02, 0.97, 1.01, 0.98))),
+                                                           "machine": "AMD EPYC", "when": "2026-12-06 08:00 UTC"}))
+    assert bench.measurements(tmp_path) == ["speed.json", "speed_later.json"]
+    assert [list(g) for g in (bench.timed_shapes(tmp_path, m) for m in bench.measurements(tmp_path))] == [["a"], ["b"]]
+    first, second = bench.speed_table(tmp_path).split("Timed in `speed_later.json` (AMD EPYC, 2026-12-06 08:00 UTC):")
+    assert "gates at 0.67" in first and "first at" not in first and "| 0.99x | 1.03x | 1.00x | 1.00x |" in first
+    assert "first at 0.67" in second and "gates at" not in second and "| 1.02x | 0.97x | 1.01x | 0.98x |" in second
+    # the prediction's distance from the generate() b1 measurement, each row against its own
+    assert f"| {100 * (1.5 / 1.2 - 1):+.0f}% |" in first and f"| {100 * (1.5 / 1.5 - 1):+.0f}% |" in second
 
 
 def test_the_recovery_reference_is_the_teacher_s_own_schedule_scored_at_the_default_run_s_steps(tmp_path):
