@@ -656,7 +656,8 @@ def _run_teacher(run: Path):
 def _timing_model(group: list[dict], export: "Export | None", runs: Path) -> tuple[object | None, str]:
     """A model with the shapes of ``group`` (cells recovered from one export: the same shapes, whatever their
     weights), loaded, and what it is: a cell's fine-tuned model, else the export, else the export made again by its
-    command (None where that keeps other shapes than the cells recorded: another machine's gates may cut otherwise)."""
+    command. None where the export keeps other shapes than the cells recorded: another machine's gates may cut
+    otherwise, and so may an export already in ``runs`` that was made again there."""
     from gatedprune import load_pruned
 
     for r in group:
@@ -667,14 +668,13 @@ def _timing_model(group: list[dict], export: "Export | None", runs: Path) -> tup
     present = (runs / export.name / "status.json").is_file()
     model_dir = run_export(export, runs)
     model = load_pruned(model_dir)
-    if not present:
-        kept = {stack: len(k) for stack, k in _plan(model_dir)["kept_layers"].items()}
-        params = sum(p.numel() for p in model.parameters())
-        if (kept, params) != (group[0]["kept_layers"], group[0]["params"]):
-            return None, (f"its export made again keeps {kept} layers and {params:,} parameters, the cell's "
-                          f"{group[0]['kept_layers']} and {group[0]['params']:,}: time it where it ran")
-        return model, f"{export.name}, made again (the same shapes)"
-    return model, f"{export.name} (the same shapes)"
+    kept = {stack: len(k) for stack, k in _plan(model_dir)["kept_layers"].items()}
+    params = sum(p.numel() for p in model.parameters())
+    if (kept, params) != (group[0]["kept_layers"], group[0]["params"]):
+        return None, (f"its export {'in ' + str(runs) if present else 'made again'} keeps {kept} layers and "
+                      f"{params:,} parameters, the cell's {group[0]['kept_layers']} and {group[0]['params']:,}: time it "
+                      "where it ran")
+    return model, f"{export.name}{'' if present else ', made again'} (the same shapes)"
 
 
 def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_tokens: int = 32,
