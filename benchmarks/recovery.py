@@ -794,7 +794,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exports-only", action="store_true", help="stage 1 alone: the cut models")
     parser.add_argument("--cells", nargs="+", default=None,
                         help="measure: time only these cells (names or glob patterns), as a measurement of its own")
+    parser.add_argument("--name", default=None, help="measure --cells: its file (default speed_<UTC date>.json)")
+    parser.add_argument("--repeats", type=int, default=5, help="measure: interleaved repeats (the median is kept)")
     args = parser.parse_args(argv)
+    if args.name and (not args.cells or not fnmatch.fnmatchcase(args.name, "speed_*.json")):
+        parser.error(f"--name {args.name}: names a measurement of some cells; allowed: speed_<name>.json, with --cells")
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}; allowed: an integer >= 1")
     runs = args.runs.resolve()
     setting = REAL
     if args.stage == "quick":
@@ -821,7 +827,8 @@ def main(argv: list[str] | None = None) -> int:
         quick = {"teacher": _run_teacher(runs / "dense"), "sentences": 2, "new_tokens": 4, "repeats": 1,
                  "table": quick_fit(runs)} if args.stage == "quick" else {}
         if args.cells:  # a measurement of its own, named for the day it ran
-            quick.update(cells=args.cells, name=time.strftime("speed_%Y-%m-%d.json", time.gmtime()))
+            quick.update(cells=args.cells, name=args.name or time.strftime("speed_%Y-%m-%d.json", time.gmtime()))
+        quick.setdefault("repeats", args.repeats)
         measure(args.results, runs, setting=setting, **quick)
     text = "\n".join(answers(args.results, setting.targets)) + "\n\n" + table(args.results)
     for chosen in CANDIDATES:

@@ -617,7 +617,7 @@ def test_recovery_quick_recovers_the_gates_export_and_its_shape_from_scratch(tmp
     assert all(r["speed"] is None for r in bench.records(results))
 
 
-def test_the_speed_table_keeps_each_measurement_with_its_own_noise_floor_and_machine(tmp_path):
+def test_the_speed_table_keeps_each_measurement_with_its_own_noise_floor_and_machine(tmp_path, capsys):
     """Cells timed on two machines are two tables, each with the floor of its own process (old cells, which name no
     measurement, are the whole grid's, speed.json)."""
     bench = load_benchmark("recovery")
@@ -643,6 +643,14 @@ def test_the_speed_table_keeps_each_measurement_with_its_own_noise_floor_and_mac
     assert "first at 0.67" in second and "gates at" not in second and "| 1.02x | 0.97x | 1.01x | 0.98x |" in second
     # the prediction's distance from the generate() b1 measurement, each row against its own
     assert f"| {100 * (1.5 / 1.2 - 1):+.0f}% |" in first and f"| {100 * (1.5 / 1.5 - 1):+.0f}% |" in second
+    # a named measurement is one of some cells, in a file of its own (never the grid's floor); repeats are counted
+    for bad, said in ((["--name", "speed.json", "--cells", "a"], "--name speed.json: names a measurement of some"),
+                      (["--name", "speed_x.json"], "--name speed_x.json: names a measurement of some"),
+                      (["--repeats", "0"], "--repeats 0; allowed: an integer >= 1")):
+        with pytest.raises(SystemExit) as exit_:
+            bench.main(["measure", "--results", str(tmp_path), *bad])
+        assert exit_.value.code == 2 and said in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json", "speed.json", "speed_later.json"]
 
 
 def test_the_recovery_reference_is_the_teacher_s_own_schedule_scored_at_the_default_run_s_steps(tmp_path):
