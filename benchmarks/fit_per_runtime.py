@@ -13,7 +13,8 @@ interleaved repeats against the teacher, in one process), and the noise floor (a
 Measure the fits on the machine, and at the load, that ``recovery.py measure`` timed on: a fit of another machine
 predicts another machine's speed-ups. A later measurement of some cells (``recovery.py measure --cells``, on another
 machine) has its own fits and table: ``--measurement speed_DATE.json`` on both stages keeps them in
-docs/benchmarks/fit_per_runtime/speed_DATE/ and compares them with that measurement's cells only.
+docs/benchmarks/fit_per_runtime/speed_DATE/ and compares them with that measurement's cells only; a second
+measurement on the same machine takes those fits with ``--fits-of speed_DATE.json``.
 """
 
 from __future__ import annotations
@@ -128,14 +129,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("stage", choices=["fits", "table"])
     parser.add_argument("--runs", type=Path, default=Path("runs/recovery"), help="recovery.py's runs (the models)")
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--results", type=Path, default=None,
+                        help="the fits (default: this folder for speed.json, else its subfolder named for the "
+                             "measurement, or for --fits-of)")
     parser.add_argument("--recovery-results", type=Path, default=recovery.RESULTS)
     parser.add_argument("--measurement", default=recovery.FLOOR,
-                        help="which of recovery.py measure's measurements (its floor's file) the fits are for")
+                        help="which of recovery.py measure's measurements (its file) the table compares with")
+    parser.add_argument("--fits-of", default=None,
+                        help="table: take the fits made for another measurement of the same machine (its file)")
     args = parser.parse_args(argv)
     own = args.measurement != recovery.FLOOR  # a later measurement: its fits and table beside the grid's
-    if own and args.results == RESULTS:
-        args.results = RESULTS / Path(args.measurement).stem
+    stem = Path(args.measurement).stem
+    if args.results is None:
+        args.results = RESULTS / Path(args.fits_of or args.measurement).stem if own else RESULTS
     load_teacher, _ = recovery._kept_teacher()
     if args.stage == "fits":
         fits(args.results, load_teacher)
@@ -146,15 +152,14 @@ def main(argv: list[str] | None = None) -> int:
     floor = json.loads(floor_path.read_text())["noise_floor"] if floor_path.is_file() else None
     text = report(rows, floor)
     args.results.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.results / "results.json", json.dumps(
-        {"machine": machine(), "limit": LIMIT, "rows": rows, "summary": summary(rows), "noise_floor": floor},
-        indent=1) + "\n")
-    atomic_write_text(args.results / "README.md", "# The latency fit of each runtime and batch against the measured "
-                      "speed-ups (benchmarks/fit_per_runtime.py)\n\n" + text + "\n")
-    if args.results.resolve() == RESULTS.resolve():
-        recovery.fill(recovery.GATES_PAGE, {"fit table": text})
-    elif own and args.results.resolve() == (RESULTS / Path(args.measurement).stem).resolve():
-        recovery.fill(recovery.GATES_PAGE, {f"fit table {Path(args.measurement).stem}": text})
+    name = f"_{stem}" if own else ""  # the tables of several measurements beside one machine's fits
+    atomic_write_text(args.results / f"results{name}.json", json.dumps(
+        {"machine": machine(), "limit": LIMIT, "measurement": args.measurement, "rows": rows,
+         "summary": summary(rows), "noise_floor": floor}, indent=1) + "\n")
+    atomic_write_text(args.results / f"README{name}.md", "# The latency fit of each runtime and batch against the "
+                      f"measured speed-ups of {args.measurement} (benchmarks/fit_per_runtime.py)\n\n" + text + "\n")
+    if args.results.resolve().parent == RESULTS.resolve() or args.results.resolve() == RESULTS.resolve():
+        recovery.fill(recovery.GATES_PAGE, {"fit table" + (f" {stem}" if own else ""): text})
     print(text)
     return 0
 

@@ -494,10 +494,18 @@ def fill(page: Path, tables: dict[str, str]) -> str:
 
 
 def timed_shapes(results: Path, measurement: str | None = None) -> dict[str, list[dict]]:
-    """The timed cells by the model they were timed on (cells recovered from one export share it), in record order;
-    with ``measurement``, only the cells timed in that measurement (its floor's file name)."""
+    """The timed cells by the model they were timed on (cells recovered from one export share it), in record order,
+    each with its latest speed; with ``measurement``, the cells timed in that one (its file's name), each with the
+    speed it measured (a named measurement's file keeps its cells' speeds, so a later one does not erase them)."""
     shapes: dict[str, list[dict]] = {}
+    path = results / measurement if measurement else None
+    kept = json.loads(path.read_text()).get("speeds") if path and path.is_file() else None
+    named = kept is not None  # an older speed.json keeps no speeds: its cells' records say what they measured
     for r in records(results):
+        if named and r["cell"] in kept:
+            timed = kept[r["cell"]]
+            r = {**r, "speed": timed["speed"], "speed_timed_on": timed["timed_on"],
+                 "speed_predicted": timed["predicted"], "speed_measurement": measurement}
         if r.get("speed") and measurement in (None, measured_in(r)):
             shapes.setdefault(r["speed_timed_on"], []).append(r)
     return shapes
@@ -510,8 +518,10 @@ def measured_in(record: dict) -> str:
 
 
 def measurements(results: Path) -> list[str]:
-    """The measurements the timed cells are from, the whole grid's (``speed.json``) first."""
-    return sorted({measured_in(r) for r in records(results) if r.get("speed")}, key=lambda m: (m != FLOOR, m))
+    """The measurements: the whole grid's (``speed.json``) where it timed a cell, then every named one
+    (``speed_*.json``), by name."""
+    grid = [FLOOR] if (results / FLOOR).is_file() and timed_shapes(results, FLOOR) else []
+    return grid + sorted(path.name for path in results.glob("speed_*.json"))
 
 
 def speed_table(results: Path) -> str:
@@ -740,6 +750,8 @@ def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_to
             r["speed_measurement"] = name
             (results / f"{r['cell']}.json").write_text(json.dumps(r, indent=1) + "\n")
     floor = {"noise_floor": speed("teacher copy"), "machine": machine(), "sentences": sentences,
+             "speeds": {r["cell"]: {"speed": r["speed"], "timed_on": r["speed_timed_on"],
+                                    "predicted": r["speed_predicted"]} for key in models for r in groups[key]},
              "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
              "new_tokens": new_tokens, "repeats": repeats,
              "cells": [r["cell"] for key in models for r in groups[key]], "not_timed": not_timed}

@@ -597,6 +597,8 @@ def test_recovery_quick_recovers_the_gates_export_and_its_shape_from_scratch(tmp
                           repeats=1, setting=bench._quick(runs), cells=[pruned["cell"][:-3] + "*"], name="speed_later.json")
     assert sorted(later["cells"]) == sorted([pruned["cell"], scratch["cell"]]) and later["when"]
     assert json.loads((results / "speed_later.json").read_text()) == later
+    assert later["speeds"] == {r["cell"]: {"speed": r["speed"], "timed_on": r["speed_timed_on"],
+                                           "predicted": r["speed_predicted"]} for r in bench.records(results)}
     assert {bench.measured_in(r) for r in bench.records(results)} == {"speed_later.json"}
     with pytest.raises(SystemExit, match="--cells nothing_like_it: no finished cell"):
         bench.measure(results, runs, teacher=bench._run_teacher(runs / "dense"), sentences=2, new_tokens=4,
@@ -619,7 +621,8 @@ def test_recovery_quick_recovers_the_gates_export_and_its_shape_from_scratch(tmp
 
 def test_the_speed_table_keeps_each_measurement_with_its_own_noise_floor_and_machine(tmp_path, capsys):
     """Cells timed on two machines are two tables, each with the floor of its own process (old cells, which name no
-    measurement, are the whole grid's, speed.json)."""
+    measurement, are the whole grid's, speed.json); a cell timed again keeps its earlier measurement's numbers in
+    that measurement's table."""
     bench = load_benchmark("recovery")
     keys = bench.SPEED_KEYS
 
@@ -630,19 +633,33 @@ def test_the_speed_table_keeps_each_measurement_with_its_own_noise_floor_and_mac
             r["speed_measurement"] = measurement
         (tmp_path / f"{name}.json").write_text(json.dumps(r))
 
+    def measurement(name, floor, machine, speeds):
+        (tmp_path / name).write_text(json.dumps({
+            "noise_floor": dict(zip(keys, floor)), "machine": machine, "when": "2026-12-06 08:00 UTC",
+            "speeds": {c: {"speed": dict(zip(keys, v)), "timed_on": c, "predicted": 1.5} for c, v in speeds.items()}}))
+
     cell("a", "gates", (1.2, 1.6, 1.3, 1.4))
-    cell("b", "first", (1.5, 1.9, 1.6, 1.7), "speed_later.json")
+    cell("b", "first", (1.4, 1.8, 1.5, 1.6), "speed_later_b.json")  # its latest: the second named measurement
     (tmp_path / "speed.json").write_text(json.dumps({"noise_floor": dict(zip(keys, (0.99, 1.03, 1.0, 1.0))),
                                                      "machine": "Intel Xeon"}))
-    (tmp_path / "speed_later.json").write_text(json.dumps({"noise_floor": dict(zip(keys, (1.02, 0.97, 1.01, 0.98))),
-                                                           "machine": "AMD EPYC", "when": "2026-12-06 08:00 UTC"}))
-    assert bench.measurements(tmp_path) == ["speed.json", "speed_later.json"]
-    assert [list(g) for g in (bench.timed_shapes(tmp_path, m) for m in bench.measurements(tmp_path))] == [["a"], ["b"]]
-    first, second = bench.speed_table(tmp_path).split("Timed in `speed_later.json` (AMD EPYC, 2026-12-06 08:00 UTC):")
+    measurement("speed_later.json", (1.02, 0.97, 1.01, 0.98), "AMD EPYC", {"b": (1.5, 1.9, 1.6, 1.7)})
+    measurement("speed_later_b.json", (1.01, 0.99, 1.0, 1.0), "AMD EPYC", {"b": (1.4, 1.8, 1.5, 1.6)})
+    assert bench.measurements(tmp_path) == ["speed.json", "speed_later.json", "speed_later_b.json"]
+    assert [list(g) for g in (bench.timed_shapes(tmp_path, m) for m in bench.measurements(tmp_path))] == [
+        ["a"], ["b"], ["b"]]
+    assert bench.timed_shapes(tmp_path, "speed_later.json")["b"][0]["speed"]["generate() b1"] == 1.5
+    text = bench.speed_table(tmp_path)
+    first, rest = text.split("Timed in `speed_later.json` (AMD EPYC, 2026-12-06 08:00 UTC):")
+    second, third = rest.split("Timed in `speed_later_b.json` (AMD EPYC, 2026-12-06 08:00 UTC):")
     assert "gates at 0.67" in first and "first at" not in first and "| 0.99x | 1.03x | 1.00x | 1.00x |" in first
     assert "first at 0.67" in second and "gates at" not in second and "| 1.02x | 0.97x | 1.01x | 0.98x |" in second
+    assert "| 1.50x | 1.90x | 1.60x | 1.70x |" in second and "| 1.40x | 1.80x | 1.50x | 1.60x |" in third
     # the prediction's distance from the generate() b1 measurement, each row against its own
-    assert f"| {100 * (1.5 / 1.2 - 1):+.0f}% |" in first and f"| {100 * (1.5 / 1.5 - 1):+.0f}% |" in second
+    assert f"| {100 * (1.5 / 1.2 - 1):+.0f}% |" in first and f"| {100 * (1.5 / 1.4 - 1):+.0f}% |" in third
+    # the grid's measurement keeps its cells' speeds too: a cell timed again later stays in its table as it measured
+    measurement("speed.json", (0.99, 1.03, 1.0, 1.0), "Intel Xeon", {"a": (1.2, 1.6, 1.3, 1.4), "b": (1.1, 1.2, 1.3, 1.4)})
+    first = bench.speed_table(tmp_path).split("Timed in")[0]
+    assert "first at 0.67" in first and "| 1.10x | 1.20x | 1.30x | 1.40x |" in first
     # a named measurement is one of some cells, in a file of its own (never the grid's floor); repeats are counted
     for bad, said in ((["--name", "speed.json", "--cells", "a"], "--name speed.json: names a measurement of some"),
                       (["--name", "speed_x.json"], "--name speed_x.json: names a measurement of some"),
@@ -650,7 +667,8 @@ def test_the_speed_table_keeps_each_measurement_with_its_own_noise_floor_and_mac
         with pytest.raises(SystemExit) as exit_:
             bench.main(["measure", "--results", str(tmp_path), *bad])
         assert exit_.value.code == 2 and said in capsys.readouterr().err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json", "speed.json", "speed_later.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json", "speed.json", "speed_later.json",
+                                                          "speed_later_b.json"]
 
 
 def test_the_recovery_reference_is_the_teacher_s_own_schedule_scored_at_the_default_run_s_steps(tmp_path):
