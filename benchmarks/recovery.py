@@ -28,6 +28,7 @@ import argparse
 import fnmatch
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -487,8 +488,9 @@ def fill(page: Path, tables: dict[str, str]) -> str:
 
     text = page.read_text()
     for name, table in tables.items():
-        block = re.compile(rf"(<!-- {name} -->\n).*?(\n<!-- end [a-z ]+ -->)", re.S)
-        text = block.sub(lambda m: m.group(1) + table.strip() + "\n" + m.group(2), text)
+        # the block may be empty (a marker pair just added): the end marker is then the very next line
+        block = re.compile(rf"(<!-- {re.escape(name)} -->\n).*?\n?(<!-- end [a-z ]+ -->)", re.S)
+        text = block.sub(lambda m: m.group(1) + table.strip() + "\n\n" + m.group(2), text)
     page.write_text(text)
     return text
 
@@ -552,10 +554,45 @@ def speed_table(results: Path) -> str:
     return "\n\n".join(tables)
 
 
+# measurements of the same cells on one machine, pooled into one table (docs/recovery.md) by their shared name
+POOLED = {"speed_2026-12-06": ("speed_2026-12-06.json", "speed_2026-12-06_b.json")}
+
+
+def pooled_speeds(results: Path, names: tuple[str, ...]) -> dict[tuple[float, str], dict[str, list[float]]]:
+    """Per (target, start), every timing of its cells in ``names``, each over the mean of the teacher and its copy
+    in that measurement (``speed * (1 + 1 / floor) / 2``): one median of the teacher moves a whole measurement, and
+    the copy is a second estimate of the same time."""
+    cells = {r["cell"]: r for r in records(results)}
+    pooled: dict[tuple[float, str], dict[str, list[float]]] = {}
+    for name in names:
+        measurement = json.loads((results / name).read_text())
+        for cell, timed in measurement["speeds"].items():
+            row = pooled.setdefault((cells[cell]["target"], cells[cell]["start"]), {k: [] for k in SPEED_KEYS})
+            for k in SPEED_KEYS:
+                row[k].append(timed["speed"][k] * (1 + 1 / measurement["noise_floor"][k]) / 2)
+    return pooled
+
+
+def pooled_table(results: Path, names: tuple[str, ...]) -> str:
+    """The pooled speed-ups: mean, and the range of the timings at batch 1 in generate(), beside the test BLEU at
+    1,000 steps (seeds_table's mean and sd, where the start has the choose or seeds cells)."""
+    rows = []
+    for (target, start), speeds in sorted(pooled_speeds(results, names).items(), key=lambda kv: (-kv[0][0], kv[0][1])):
+        b1 = speeds["generate() b1"]
+        scores = _scores(records(results), start, target, 1000, "gates")
+        rows.append((start, target, f"{statistics.mean(b1):.2f}x ({min(b1):.2f}-{max(b1):.2f})",
+                     *(f"{statistics.mean(speeds[k]):.2f}x" for k in SPEED_KEYS[1:]), len(b1),
+                     _mean_sd(scores)))
+    return markdown_table(["start", "target", "generate() b1 (range)", *SPEED_KEYS[1:], "timings",
+                           "test BLEU @1,000"], rows)
+
+
 def page_tables(results: Path) -> dict[Path, dict[str, str]]:
     """The tables docs/gates.md and docs/recovery.md take from the cells, by marker name."""
     return {GATES_PAGE: {f"choose table {c}": choose_table(results, chosen=c) for c in CANDIDATES},
-            RECOVERY_PAGE: {"seeds table": seeds_table(results), "speed table": speed_table(results)}}
+            RECOVERY_PAGE: {"seeds table": seeds_table(results), "speed table": speed_table(results),
+                            **{f"pooled speed table {name}": pooled_table(results, names)
+                               for name, names in POOLED.items() if all((results / n).is_file() for n in names)}}}
 
 
 def records(results: Path) -> list[dict]:

@@ -656,6 +656,11 @@ def test_the_speed_table_keeps_each_measurement_with_its_own_noise_floor_and_mac
     assert "| 1.50x | 1.90x | 1.60x | 1.70x |" in second and "| 1.40x | 1.80x | 1.50x | 1.60x |" in third
     # the prediction's distance from the generate() b1 measurement, each row against its own
     assert f"| {100 * (1.5 / 1.2 - 1):+.0f}% |" in first and f"| {100 * (1.5 / 1.4 - 1):+.0f}% |" in third
+    # measurements of the same cells pooled: each timing over the mean of its teacher and the teacher's copy
+    pooled = bench.pooled_speeds(tmp_path, ("speed_later.json", "speed_later_b.json"))
+    assert list(pooled) == [(0.67, "first")] and pooled[(0.67, "first")]["generate() b1"] == pytest.approx(
+        [1.5 * (1 + 1 / 1.02) / 2, 1.4 * (1 + 1 / 1.01) / 2])
+    assert pooled[(0.67, "first")]["ct2 int8 b32"] == pytest.approx([1.7 * (1 + 1 / 0.98) / 2, 1.6])
     # the grid's measurement keeps its cells' speeds too: a cell timed again later stays in its table as it measured
     measurement("speed.json", (0.99, 1.03, 1.0, 1.0), "Intel Xeon", {"a": (1.2, 1.6, 1.3, 1.4), "b": (1.1, 1.2, 1.3, 1.4)})
     first = bench.speed_table(tmp_path).split("Timed in")[0]
@@ -771,6 +776,11 @@ def test_the_pages_tables_are_made_from_the_committed_cells(tmp_path):
     stale.write_text("intro\n<!-- seeds table -->\n| old |\n<!-- end seeds table -->\nafter\n")
     assert bench.fill(stale, {"seeds table": "| new |\n"}) == (
         "intro\n<!-- seeds table -->\n| new |\n\n<!-- end seeds table -->\nafter\n")
+    # an empty pair of markers (just added) is filled, and the pair after it is left alone
+    pairs = tmp_path / "pairs.md"
+    pairs.write_text("<!-- fit table a -->\n<!-- end fit table -->\n\n<!-- fit table a_b -->\n<!-- end fit table -->\n")
+    assert bench.fill(pairs, {"fit table a": "| a |"}) == (
+        "<!-- fit table a -->\n| a |\n\n<!-- end fit table -->\n\n<!-- fit table a_b -->\n<!-- end fit table -->\n")
 
 
 def test_the_readme_s_recovery_numbers_are_the_cells():
@@ -788,6 +798,16 @@ def test_the_readme_s_recovery_numbers_are_the_cells():
     assert (f"recovers to {at['1000']:.2f} test BLEU after 1,000 fine-tuning steps and {at['2000']:.2f} after 2,000; "
             f"the same shape trained from scratch with the same recipe reaches {cold['1000']:.2f} and "
             f"{cold['2000']:.2f}") in readme
+    # the first_layers sentence: its three seeds and random structures' at 0.67, the teacher given 1,000 steps, and
+    # the pooled generate() speed-up of its cells
+    first, random = (bench._scores(list(cells.values()), start, bench.HIGH, 1000, "gates")
+                     for start in ("gates_bottom2_late", "random"))
+    teacher = cells["reference_teacher_1.0_s1234_2000_lr0.00022"]["test_bleu_at"]["1000"]
+    b1 = bench.pooled_speeds(bench.RESULTS, bench.POOLED["speed_2026-12-06"])[(bench.HIGH, "gates_bottom2_late")]
+    assert (f"scores {first['mean']:.2f} ± {first['std']:.2f} test BLEU after 1,000 steps over three seeds, against "
+            f"{random['mean']:.2f} ± {random['std']:.2f} for random structures at the same target and {teacher:.2f} for "
+            f"the teacher trained 1,000 steps more, at {sum(b1['generate() b1']) / len(b1['generate() b1']):.2f}x in "
+            "`generate()` at batch 1") in readme and len(first["by_seed"]) == len(random["by_seed"]) == 3
 
 
 def test_the_first_layers_experiment_is_the_protocol_the_grid_measured(tmp_path):
