@@ -115,7 +115,8 @@ GATES = {"gates": GatedPhase(), "gates_settled": GatedPhase(300, 100, SETTLED), 
          "gates_bottom2": GatedPhase(300, 1, BOTTOM2, ("high",), "gates_depth2"),
          "gates_bottom2_flat": GatedPhase(300, 1, BOTTOM2_FLAT, ("high",), "gates_depth2"),
          "gates_bottom2_late": GatedPhase(300, 100, BOTTOM2, ("high",), "gates_depth2"),
-         "gates_bottom1_late": GatedPhase(300, 100, BOTTOM1, ("low",), "gates")}
+         # at 0.67 too (seed 1234): one decoder layer against first_layers' two, the same protocol otherwise
+         "gates_bottom1_late": GatedPhase(300, 100, BOTTOM1, ("low", "high"), "gates")}
 
 
 @dataclass(frozen=True)
