@@ -490,7 +490,7 @@ def fill(page: Path, tables: dict[str, str]) -> str:
     text = page.read_text()
     for name, table in tables.items():
         # the block may be empty (a marker pair just added): the end marker is then the very next line
-        block = re.compile(rf"(<!-- {re.escape(name)} -->\n).*?\n?(<!-- end [a-z ]+ -->)", re.S)
+        block = re.compile(rf"(<!-- {re.escape(name)} -->\n)(?:.*?\n)??(<!-- end [a-z ]+ -->)", re.S)
         text = block.sub(lambda m: m.group(1) + table.strip() + "\n\n" + m.group(2), text)
     page.write_text(text)
     return text
@@ -505,7 +505,9 @@ def timed_shapes(results: Path, measurement: str | None = None) -> dict[str, lis
     kept = json.loads(path.read_text()).get("speeds") if path and path.is_file() else None
     named = kept is not None  # an older speed.json keeps no speeds: its cells' records say what they measured
     for r in records(results):
-        if named and r["cell"] in kept:
+        if named:  # exactly the cells it timed, with what it measured (a record may name it and not be among them)
+            if r["cell"] not in kept:
+                continue
             timed = kept[r["cell"]]
             r = {**r, "speed": timed["speed"], "speed_timed_on": timed["timed_on"],
                  "speed_predicted": timed["predicted"], "speed_measurement": measurement}
@@ -541,16 +543,13 @@ def speed_table(results: Path) -> str:
             rows.append((f"{r['start']} at {r['target']}, seed {r['seed']} ({cells} cell{'s' if cells > 1 else ''})",
                          f"{r['params'] / 1e6:.2f} M", *(f"{r['speed'][k]:.2f}x" for k in SPEED_KEYS),
                          f"{predicted:.2f}x" if predicted else "-", off))
-        floor_path = results / measurement
-        floor = json.loads(floor_path.read_text()) if floor_path.is_file() else None
-        if floor:
-            rows.append(("noise floor (a copy of the teacher)", "7.71 M",
-                         *(f"{floor['noise_floor'][k]:.2f}x" for k in SPEED_KEYS), "1.00x", "-"))
+        floor = json.loads((results / measurement).read_text())  # measurements() lists only files that are here
+        rows.append(("noise floor (a copy of the teacher)", "7.71 M",
+                     *(f"{floor['noise_floor'][k]:.2f}x" for k in SPEED_KEYS), "1.00x", "-"))
         text = markdown_table(["start (the cells timed on one model of its shape)", "params", *SPEED_KEYS,
                                "predicted b1", "predicted off"], rows)
         if measurement != FLOOR:  # a later measurement of some cells: its own process, machine and floor
-            said = f"{floor['machine']}, {floor['when']}" if floor else "its floor's file is gone"
-            text = f"Timed in `{measurement}` ({said}):\n\n{text}"
+            text = f"Timed in `{measurement}` ({floor['machine']}, {floor['when']}):\n\n{text}"
         tables.append(text)
     return "\n\n".join(tables)
 
@@ -563,14 +562,14 @@ def pooled_speeds(results: Path, names: tuple[str, ...]) -> dict[tuple[float, st
     """Per (target, start), every timing of its cells in ``names``, each over the mean of the teacher and its copy
     in that measurement (``speed * (1 + 1 / floor) / 2``): one median of the teacher moves a whole measurement, and
     the copy is a second estimate of the same time."""
-    cells = {r["cell"]: r for r in records(results)}
     pooled: dict[tuple[float, str], dict[str, list[float]]] = {}
     for name in names:
         measurement = json.loads((results / name).read_text())
-        for cell, timed in measurement["speeds"].items():
-            row = pooled.setdefault((cells[cell]["target"], cells[cell]["start"]), {k: [] for k in SPEED_KEYS})
+        floor = measurement["noise_floor"]
+        for group in timed_shapes(results, name).values():  # cells timed on one model: one timing
+            row = pooled.setdefault((group[0]["target"], group[0]["start"]), {k: [] for k in SPEED_KEYS})
             for k in SPEED_KEYS:
-                row[k].append(timed["speed"][k] * (1 + 1 / measurement["noise_floor"][k]) / 2)
+                row[k].append(group[0]["speed"][k] * (1 + 1 / floor[k]) / 2)
     return pooled
 
 
@@ -593,7 +592,11 @@ def page_tables(results: Path) -> dict[Path, dict[str, str]]:
     return {GATES_PAGE: {f"choose table {c}": choose_table(results, chosen=c) for c in CANDIDATES},
             RECOVERY_PAGE: {"seeds table": seeds_table(results), "speed table": speed_table(results),
                             **{f"pooled speed table {name}": pooled_table(results, names)
-                               for name, names in POOLED.items() if all((results / n).is_file() for n in names)}}}
+                               for name, names in POOLED.items() if all(_has_speeds(results / n) for n in names)}}}
+
+
+def _has_speeds(path: Path) -> bool:
+    return path.is_file() and "speeds" in json.loads(path.read_text())
 
 
 def records(results: Path) -> list[dict]:
@@ -617,9 +620,9 @@ def table(results: Path) -> str:
         rows.append((r["group"], r["start"] if r["init"] == "export" else "scratch", r["target"], r["seed"],
                      f"{r['lr']:g}", *at, f"{best['bleu']:.2f} @ {best['step']}", f"{r['teacher_test_bleu']:.2f}",
                      *(f"{speed[k]:.2f}x" if k in speed else "-" for k in SPEED_KEYS),
-                     f"{r['finetune_s_per_step']:.3f}"))
+                     measured_in(r) if speed else "-", f"{r['finetune_s_per_step']:.3f}"))
     header = ["group", "start", "target", "seed", "peak lr", *(f"test BLEU @{b}" for b in budgets),
-              "best validation BLEU @ step", "teacher test BLEU", *SPEED_KEYS, "s / step"]
+              "best validation BLEU @ step", "teacher test BLEU", *SPEED_KEYS, "speed measured in", "s / step"]
     return markdown_table(header, rows)
 
 
@@ -847,8 +850,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default=None, help="measure --cells: its file (default speed_<UTC date>.json)")
     parser.add_argument("--repeats", type=int, default=5, help="measure: interleaved repeats (the median is kept)")
     args = parser.parse_args(argv)
-    if args.name and (not args.cells or not fnmatch.fnmatchcase(args.name, "speed_*.json")):
+    if args.name and (not args.cells or not fnmatch.fnmatchcase(args.name, "speed_*.json") or "/" in args.name):
         parser.error(f"--name {args.name}: names a measurement of some cells; allowed: speed_<name>.json, with --cells")
+    if args.cells and args.stage == "measure":  # a measurement of its own, named for the day it ran by default
+        args.name = args.name or time.strftime("speed_%Y-%m-%d.json", time.gmtime())
+        if (args.results / args.name).exists():
+            parser.error(f"--name {args.name}: {args.results / args.name} holds an earlier measurement; allowed: a "
+                         "name not yet used (each measurement keeps its own file)")
+    elif args.stage != "measure" and (args.cells or args.repeats != 5):
+        parser.error("--cells and --repeats time cells; allowed: with the measure stage")
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}; allowed: an integer >= 1")
     runs = args.runs.resolve()
@@ -876,8 +886,8 @@ def main(argv: list[str] | None = None) -> int:
         # the smoke model's dense run stands in for the teacher, with the latency fit _quick made beside it
         quick = {"teacher": _run_teacher(runs / "dense"), "sentences": 2, "new_tokens": 4, "repeats": 1,
                  "table": quick_fit(runs)} if args.stage == "quick" else {}
-        if args.cells:  # a measurement of its own, named for the day it ran
-            quick.update(cells=args.cells, name=args.name or time.strftime("speed_%Y-%m-%d.json", time.gmtime()))
+        if args.cells:
+            quick.update(cells=args.cells, name=args.name)
         quick.setdefault("repeats", args.repeats)
         measure(args.results, runs, setting=setting, **quick)
     text = "\n".join(answers(args.results, setting.targets)) + "\n\n" + table(args.results)
