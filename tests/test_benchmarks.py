@@ -759,7 +759,7 @@ def test_issue_38_s_table_takes_each_start_s_score_from_the_cell_that_measured_t
     # cells stand in, so gates_bottom2 adds none and gates_bottom1 the preset gates' depth at 0.55 (3 cells)
     assert not any("as_gates_bottom" in name for name in choose)
     assert "choose_even_layers_0.55_s1_1000_lr0.002" in choose
-    candidate_cells, even_cells, preset_and_random = 11 * 3, (5 + 1) * 3, 2 * 2 * 3
+    candidate_cells, even_cells, preset_and_random = 11 * 3, (5 + 2) * 3, 2 * 2 * 3  # gates_bottom1_late at 0.67: +3
     assert len(choose) == len(set(choose)) == candidate_cells + even_cells + preset_and_random
     assert "choose_gates_depth2_0.55_s1_1000_lr0.002" not in grid and "choose_gates_depth2_0.67_s1_1000_lr0.002" in grid
     assert "choose_gates_0.67_s2_1000_lr0.002" in grid and "choose_random_0.67_s2_1000_lr0.002" in grid
