@@ -409,8 +409,6 @@ RIVALS = ("gates", "random", "even_layers")
 def _scores(cells: list[dict], start: str, target: float, steps: int, depth_of: str, init: str = "export") -> dict:
     """Test BLEU after ``steps`` of recovery by seed, from whichever cell measured that model with that recipe (even
     layers at the depth ``depth_of``'s cell kept at that seed), with mean and standard deviation."""
-    import statistics
-
     scores = {}
     for seed in SEEDS:
         depth = None
@@ -576,10 +574,10 @@ def pooled_speeds(results: Path, names: tuple[str, ...]) -> dict[tuple[float, st
 def pooled_table(results: Path, names: tuple[str, ...]) -> str:
     """The pooled speed-ups: mean, and the range of the timings at batch 1 in generate(), beside the test BLEU at
     1,000 steps (seeds_table's mean and sd, where the start has the choose or seeds cells)."""
-    rows = []
+    rows, cells = [], records(results)
     for (target, start), speeds in sorted(pooled_speeds(results, names).items(), key=lambda kv: (-kv[0][0], kv[0][1])):
         b1 = speeds["generate() b1"]
-        scores = _scores(records(results), start, target, 1000, "gates")
+        scores = _scores(cells, start, target, 1000, "gates")
         rows.append((start, target, f"{statistics.mean(b1):.2f}x ({min(b1):.2f}-{max(b1):.2f})",
                      *(f"{statistics.mean(speeds[k]):.2f}x" for k in SPEED_KEYS[1:]), len(b1),
                      _mean_sd(scores)))
