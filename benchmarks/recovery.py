@@ -56,7 +56,7 @@ LOW, HIGH = 0.55, 0.67
 # its schedule had where it stopped: 1e-3 * sqrt(400 / 8,250) (conf/optim/adamw.yaml's inverse square root; the
 # teacher's 8,250 steps in teacher/teacher.json), held constant (the schedule falls 6% over 1,000 more steps)
 TEACHER_LR = 2.2e-4
-DEFAULT_RUN_STEPS = 1100  # make train's 100 gated + 1,000 fine-tuning steps from the teacher (conf/train.yaml)
+DEFAULT_RUN_STEPS = 1100  # make train's 300 gated + 800 fine-tuning steps from the teacher (conf/train.yaml)
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ BOTTOM2 = (*NASH, "pruning.settle_keep=bottom", "pruning.settle_depth={decoder:2
 # the multiplier stays positive while the cost comes down: +1.0% at seed 1234, its mask over the target, an export
 # gap of 2.55), or the layers decided at step 100 as gates_depth2's, after the ramp (gates_bottom2_late, then
 # gates_bottom1_late at 0.55: 2.3-2.9% under 0.67 with an export gap of 0.00 at every seed, and higher than random
-# structures and even layers after 1,000 steps at each seed; experiment=first_layers ships it, docs/gates.md 0j)
+# structures and even layers after 1,000 steps at each seed; the default run's pruning=first_layers ships it, docs/gates.md 0j)
 BOTTOM2_FLAT = (*(o for o in BOTTOM2 if not o.startswith("pruning.target_warmup_steps=")),
                 "pruning.target_warmup_steps=0")
 GATES = {"gates": GatedPhase(), "gates_settled": GatedPhase(300, 100, SETTLED), "gates_nash": GatedPhase(300, 100, NASH),

@@ -29,6 +29,9 @@ SCORED_PAIRS = 100  # the first test pairs, scored at one thread: what the test 
 # the teacher trained on, nothing pruned, scored at each step count (benchmarks/recovery.py's reference cell): the
 # fair reference of a run from it, which the final table sets beside the shipped model
 REFERENCE = TEACHER_DIR.parent / "docs" / "benchmarks" / "recovery" / "reference_teacher_1.0_s1234_2000_lr0.00022.json"
+# the teacher's latency fit kept in the repository (greedy batch 1, one thread; the machine it was measured on is in
+# it): the price list of the recovery grid's cells and of the default run (pruning=first_layers)
+LATENCY_TABLE = TEACHER_DIR.parent / "docs" / "benchmarks" / "recovery" / "teacher_latency.json"
 
 
 def teacher_dir() -> str:
@@ -49,9 +52,18 @@ def teacher_reference(target: str) -> str | None:
     return str(REFERENCE) if REFERENCE.is_file() and getattr(get_class(target), "shows_reference", False) else None
 
 
+def teacher_latency(name_or_path: str) -> str | None:
+    """``${gp.teacher_latency:${model.name_or_path}}`` (``pruning=first_layers``'s ``workload.table``):
+    ``LATENCY_TABLE`` when the model is the kept teacher, so its plan does not follow the machine's load; null (a fit
+    measured at set-up) for any other model, whose structures the teacher's table does not price."""
+    kept = LATENCY_TABLE.is_file() and Path(str(name_or_path)).resolve() == TEACHER_DIR.resolve()
+    return str(LATENCY_TABLE) if kept else None
+
+
 if not OmegaConf.has_resolver("gp.teacher"):
     OmegaConf.register_new_resolver("gp.teacher", teacher_dir)
     OmegaConf.register_new_resolver("gp.teacher_reference", teacher_reference)
+    OmegaConf.register_new_resolver("gp.teacher_latency", teacher_latency)
 
 
 def record(directory: str | Path = TEACHER_DIR) -> dict:

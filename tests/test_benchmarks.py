@@ -242,17 +242,15 @@ def test_speed_quality_grid_gives_every_method_the_same_training_after_the_check
     assert {"finetune.distill=true", "pruning.distill.layer_map=nearest", "gated_steps=100"} <= set(distilled)
 
 
-def test_the_default_run_prunes_as_the_speed_quality_page_best_gated_protocol(tmp_path):
-    """README: ``make train`` runs the gates of docs/speed_quality.md at 0.67 (the gated protocol that kept the most
-    BLEU there): the default's pruning is the grid's SHORT_GATES at that target, and its gated phase is as short."""
-    bench = load_benchmark("speed_quality")
+def test_the_default_run_s_steps_are_those_its_fair_reference_was_scored_at(tmp_path):
+    """README: ``make train`` gates for 300 steps and fine-tunes for 800, the 1,100 steps the teacher trained on (the
+    final table's fair reference) was scored at; the heads-only L0 run stays one option away, the smoke run keeps it."""
     default = compose_train(tmp_path)
-    # with the faster controller the page's last section measured against l0_budget's own rates
-    page = compose_train(tmp_path, *(o.format(t=0.67) for o in bench.SHORT_GATES), "pruning.gate_lr=0.3",
-                         "pruning.lagrangian_lr=0.5")
-    assert default.pruning == page.pruning and default.pruning._target_ == "gatedprune.methods.gated.L0Budget"
-    assert default.gated_steps == next(m.gated_steps for m in bench.GRID if m.overrides == bench.SHORT_GATES)
-    # the heads-only L0 run of earlier rounds stays one option away, and the tests' smoke run keeps it
+    assert (default.gated_steps, default.finetune.steps, default.dense_steps) == (300, 800, 0)
+    assert str(default.finetune.steps + default.gated_steps) in json.loads(Path(default.reference).read_text())[
+        "test_bleu_at"]
+    recipe = compose_train(tmp_path, "finetune=default").finetune
+    assert recipe.steps == 1000 and {**default.finetune, "steps": 1000} == {**recipe}  # the recipe, shorter
     assert compose_train(tmp_path, "pruning=l0").pruning._target_ == "gatedprune.methods.gated.L0"
     assert compose_train(tmp_path, "experiment=smoke").pruning._target_ == "gatedprune.methods.gated.L0"
 
@@ -821,29 +819,58 @@ def test_the_readme_s_recovery_numbers_are_the_cells():
     assert (max(timings) >= 1.5) == ("not shown to reach 1.5x" in readme)
 
 
-def test_the_first_layers_experiment_is_the_protocol_the_grid_measured(tmp_path):
-    """``experiment=first_layers`` (docs/gates.md 0j) composes to the gated phase that the committed cells of the
-    recovery grid's ``gates_bottom2_late`` ran (their recorded command line, every seed), and to what the grid would
-    run today: what ships is what was measured."""
+def test_the_default_run_is_the_first_layers_protocol_the_grid_measured(tmp_path):
+    """The default run (``pruning=first_layers`` from the kept teacher, docs/gates.md 0j) composes to the gated phase
+    that the committed cells of the recovery grid's ``gates_bottom2_late`` ran (their recorded command line, every
+    seed; the latency table they were priced with included), and to what the grid would run today: what ships is
+    what was measured. Another model is not priced by the teacher's table: it measures its own fit."""
     import json
 
-    from helpers import compose_train
+    from helpers import ROOT, compose_train
 
     bench = load_benchmark("recovery")
-    # what only the benchmark sets: where it writes, its seed, no fine-tuning or timing inside the export run, and
-    # the latency table kept for the grid (a user's run measures its own fit at set-up)
-    benchmark_only = ("hydra.run.dir=", "seed=", "finetune.steps=", "export.formats=", "report.speed=",
-                      "pruning.workload.table=")
-    shipped = compose_train(tmp_path, "experiment=first_layers")
+    # what only the benchmark sets: where it writes, its seed, no fine-tuning or timing inside the export run
+    benchmark_only = ("hydra.run.dir=", "seed=", "finetune.steps=", "export.formats=", "report.speed=")
+    shipped = compose_train(tmp_path)
     cells = sorted(bench.RESULTS.glob("choose_gates_bottom2_late_0.67_s*_1000_lr0.002.json"))
     assert len(cells) == 3
     for cell in cells:
         command = json.loads(cell.read_text())["export_command"].split()
         assert command[:2] == ["python", "train.py"]
         measured = compose_train(tmp_path, *(a for a in command[2:] if not a.startswith(benchmark_only)))
+        measured.pruning.workload.table = str(ROOT / measured.pruning.workload.table)  # recorded from the root
         assert shipped.pruning == measured.pruning and shipped.gated_steps == measured.gated_steps == 300
         assert shipped.model == measured.model and shipped.dense_steps == measured.dense_steps == 0
+    assert Path(shipped.pruning.workload.table) == bench.TABLE
+    other = compose_train(tmp_path, "model=pretrained", f"model.name_or_path={tmp_path}")
+    assert other.pruning.workload.table is None and other.pruning.settle_depth == {"decoder": 2}
+    assert compose_train(tmp_path, "pruning.workload.table=null").pruning.workload.table is None
     today = ["model=teacher", "pruning=speed", f"pruning.target_latency={bench.HIGH}",
-             *bench.GATES["gates_bottom2_late"].args(1.0)]
+             f"pruning.workload.table={bench.TABLE}", *bench.GATES["gates_bottom2_late"].args(1.0)]
     assert compose_train(tmp_path, *today).pruning == shipped.pruning
     assert shipped.pruning.settle_keep == "bottom" and shipped.pruning.settle_layers_at == 100
+
+
+def test_the_readme_s_default_run_is_the_recorded_run():
+    """README: ``make train``'s measured run (its final table, wall time, scores against the fair reference and the
+    teacher, speed-ups) is the run recorded in docs/benchmarks/default_run/, and it shipped the shapes of the
+    recovery grid's cell of the same protocol and seed."""
+    bench = load_benchmark("recovery")
+    record = json.loads((bench.ROOT / "docs" / "benchmarks" / "default_run" / "2026-12-06.json").read_text())
+    text = (bench.ROOT / "README.md").read_text()
+    block = text[text.index("This run ended at:"):].split("```text\n", 1)[1].split("```", 1)[0].splitlines()
+    assert block[0] == record["final_table"][0] and not set(block) - set(record["final_table"])
+    m = record["metrics"]
+    minutes, seconds = divmod(round(record["wall_clock_s"]), 60)
+    readme = " ".join(text.split())
+    assert f"Measured on {record['date']} (`/usr/bin/time make train`, {minutes} min {seconds} s on the 2 cores" in readme
+    shipped, teacher, fair = m["test"]["pruned"]["bleu"], m["test"]["dense"]["bleu"], m["reference"]["test_bleu"]
+    assert m["finetune"]["steps"] + m["steps"] == m["reference"]["steps"] == 1100  # the fair reference's steps
+    b1, b32 = (m["speed"]["batches"][b]["speed_up"] for b in ("1", "32"))
+    assert (f"800 steps bring it to {shipped:.2f} test BLEU, {fair - shipped:.2f} below the teacher trained on as long "
+            f"({fair:.2f}) and {shipped - teacher:.2f} above the teacher as kept ({teacher:.2f}), at {b1:.2f}x in "
+            f"`generate()` at batch 1 and {b32:.2f}x at batch 32 (predicted {m['export']['predicted']['speed_up']:.2f}x"
+            ) in readme
+    cell = json.loads((bench.RESULTS / "choose_gates_bottom2_late_0.67_s1234_1000_lr0.002.json").read_text())
+    assert m["params"] == cell["params"] and m["kept"]["decoder_layer"] == cell["kept_layers"]["decoder"] == 2
+    assert f"which scored {cell['test_bleu_at']['1000']:.2f} after 1,000 steps" in readme

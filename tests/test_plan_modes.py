@@ -247,8 +247,9 @@ def test_settling_after_the_gated_phase_is_refused_with_the_steps_it_has():
     method = L0(settle_layers_at=20, kinds=list(ALL_KINDS), start_step=10)
     with pytest.raises(ValueError, match=r"pruning.settle_layers_at=20 is not inside the gated phase \(20 steps: "
                                          r"trainer.max_steps=30 - pruning.start_step=10\); allowed: an integer in "
-                                         r"\[1, 19\], or null"):
+                                         r"\[1, 19\], or null, or a longer gated phase \(gated_steps\)$"):
         method.check_schedule(30)
+    method.check_schedule(5)  # a dense run (start_step past max_steps) gates nothing: nothing to settle, no refusal
 
 
 def test_a_run_settles_its_layer_gates_and_exports_around_them(tmp_path):

@@ -241,11 +241,12 @@ def _interpolated(node, key) -> bool:
     return isinstance(node._get_node(key)._value(), str) and "${" in node._get_node(key)._value()
 
 
-# each method's own config (the default, pruning=speed, is a preset of l0_budget: it overrides leaves on purpose)
+# each method's own config (the default, pruning=first_layers, is a preset of speed, itself one of l0_budget, and
+# finetune=default_run one of finetune=default: they override leaves on purpose)
 @pytest.mark.parametrize("overrides", [["pruning=l0"], ["pruning=l0_budget"], ["pruning=michel"], ["pruning=astar"],
                                        ["pruning=random"]])
 def test_every_dataclass_default_equals_its_yaml_value(tmp_path, overrides):
-    cfg = compose_train(tmp_path, *overrides)
+    cfg = compose_train(tmp_path, *overrides, "finetune=default")
     groups = ["pruning", "optim", "generation", "test_generation", "finetune", "export"]
     compared = 0
     for group in groups:

@@ -69,7 +69,7 @@ def test_the_wheel_holds_package_configs_and_commands(installed, tmp_path):
     metadata = _run([installed / "python", "-c", "import importlib.metadata as m; print(m.version('gatedprune'))"],
                     tmp_path)
     assert _run([installed / "gatedprune-train", "--version"], tmp_path) == f"gatedprune {metadata}"
-    assert "experiment: compare, converge, first_layers, lambda_sweep, lambda_sweep_kinds, quality, smoke" in _run([installed / "gatedprune-train", "--help"], tmp_path)
+    assert "experiment: compare, converge, lambda_sweep, lambda_sweep_kinds, quality, smoke" in _run([installed / "gatedprune-train", "--help"], tmp_path)
     job = _run([installed / "gatedprune-train", "experiment=smoke", "--cfg", "job"], tmp_path)
     assert "d_model: 32" in job and "l0_lambda: 0.1" in job
     for tool in ("gatedprune-export", "gatedprune-finetune", "gatedprune-sweep", "gatedprune-evaluate",

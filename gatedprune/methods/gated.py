@@ -200,10 +200,13 @@ class GatedPruning(Method):
         """Refuse a schedule the method cannot work in, and note the gated phase's length (called at set-up with
         ``trainer.max_steps``)."""
         self._gated_steps = max_steps - self.start_step if max_steps and max_steps > 0 else None
-        if self.settle_layers_at is not None and self._gated_steps and self.settle_layers_at >= self._gated_steps:
+        # a run that gates nothing (a dense run: start_step past max_steps) has no layers to settle
+        gating = self._gated_steps is not None and self._gated_steps > 0
+        if self.settle_layers_at is not None and gating and self.settle_layers_at >= self._gated_steps:
             raise ValueError(f"pruning.settle_layers_at={self.settle_layers_at} is not inside the gated phase "
                              f"({self._gated_steps} steps: trainer.max_steps={max_steps} - pruning.start_step="
-                             f"{self.start_step}); allowed: an integer in [1, {self._gated_steps - 1}], or null")
+                             f"{self.start_step}); allowed: an integer in [1, {self._gated_steps - 1}], or null, "
+                             f"or a longer gated phase (gated_steps)")
         if self.final_temperature is not None and not self._gated_steps:
             raise ValueError(f"pruning.final_temperature={self.final_temperature} anneals over the gated phase, which "
                              f"has no end (trainer.max_steps={max_steps}); allowed: a trainer.max_steps > "
