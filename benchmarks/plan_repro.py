@@ -1,11 +1,12 @@
 """The same plan every run (issue 38, item 3): the default's gated phase twice on one machine, the first while a second
 process keeps one core busy, and how far apart their latency fits and the plans they ship are.
 
-Each run is ``make train``'s gated phase from the kept teacher (``pruning=speed``, 100 gated steps, target 0.67,
-seed 1234), exported and not fine-tuned, with the latency fit measured at set-up (``fit=measured``: no table, a
-fresh cache) or read from the recovery grid's kept fit (``fit=table``). Its json records the fit (base, costs per
-structure, largest error over its probes, each probe's timings) and the plan; ``table`` compares each pair. A run
-already in ``--results`` is skipped.
+Each run is a default run's gated phase from the kept teacher (target 0.67, seed 1234), exported and not
+fine-tuned, with the latency fit measured at set-up (``fit=measured``: no table, a fresh cache) or read from the
+recovery grid's kept fit (``fit=table``). ``--protocol`` picks which default: ``first_layers``, today's
+(``pruning=first_layers``, 300 gated steps), or ``preset``, the one before it (``pruning=speed``, 100 gated steps).
+Its json records the fit (base, costs per structure, largest error over its probes, each probe's timings) and the
+plan, or the line a run refused with; ``table`` compares each pair. A run already in ``--results`` is skipped.
 
     .venv/bin/python benchmarks/plan_repro.py run --runs RUNS/repro       # busy then quiet, for each fit
     .venv/bin/python benchmarks/plan_repro.py table                       # docs/benchmarks/plan_repro/README.md
@@ -30,12 +31,20 @@ from gatedprune.utils import markdown_table  # noqa: E402
 RESULTS = ROOT / "docs" / "benchmarks" / "plan_repro"
 FITS = ("measured", "table")
 LOADS = ("busy", "quiet")  # in this order: the busy run first, as the issue asks
+# each default's gated phase, and the prefix of its records' names (the preset's were recorded without one)
+PROTOCOLS = {"first_layers": ("first_layers_", ["model=teacher", "gated_steps=300"]),
+             "preset": ("", ["pruning=speed", "model=teacher", "gated_steps=100"])}
 
 
-def args(fit: str, load: str, runs: Path) -> list[str]:
-    table = [] if fit == "measured" else [f"pruning.workload.table={recovery.TABLE}"]
-    return ["pruning=speed", "model=teacher", *table, "gated_steps=100", "finetune.steps=0", "export.formats=[hf]",
-            "report.speed=false", "seed=1234", f"hydra.run.dir={runs / f'{fit}_{load}'}"]
+def name_of(protocol: str, fit: str, load: str) -> str:
+    return f"{PROTOCOLS[protocol][0]}{fit}_{load}"
+
+
+def args(fit: str, load: str, runs: Path, protocol: str = "preset") -> list[str]:
+    # first_layers prices the teacher by the kept table unless told not to; the preset measures unless given it
+    table = [f"pruning.workload.table={'null' if fit == 'measured' else recovery.TABLE}"]
+    return [*PROTOCOLS[protocol][1], *table, "finetune.steps=0", "export.formats=[hf]", "report.speed=false",
+            "seed=1234", f"hydra.run.dir={runs / name_of(protocol, fit, load)}"]
 
 
 @contextmanager
@@ -51,10 +60,11 @@ def busy_core(on: bool):
 
 
 def plan_of(report: dict) -> dict[str, list[int]]:
-    """Every site's kept structures in one mapping: heads (``plan``), FFN units and layers."""
-    return {**{f"heads {k}": v for k, v in report["plan"].items()},
-            **{f"units {k}": v for k, v in report["plan_units"].items()},
-            **{f"layers {k}": v for k, v in report["plan_layers"].items()}}
+    """Every site's kept structures in one mapping, from an export report: heads (``plan``: kind -> site -> heads),
+    FFN units (``plan_units``: kind -> site -> units) and layers (``plan_layers``: stack -> layers)."""
+    return {**{f"heads {site}": kept for sites in report["plan"].values() for site, kept in sites.items()},
+            **{f"units {site}": kept for sites in report["plan_units"].values() for site, kept in sites.items()},
+            **{f"layers {stack}": kept for stack, kept in report["plan_layers"].items()}}
 
 
 def plan_difference(a: dict[str, list[int]], b: dict[str, list[int]]) -> int:
@@ -62,12 +72,22 @@ def plan_difference(a: dict[str, list[int]], b: dict[str, list[int]]) -> int:
     return sum(len(set(a.get(site, [])) ^ set(b.get(site, []))) for site in set(a) | set(b))
 
 
-def run_one(fit: str, load: str, runs: Path, results: Path) -> dict:
-    name = f"{fit}_{load}"
-    command = [recovery._python(), str(ROOT / "train.py"), *args(fit, load, runs)]
+def run_one(fit: str, load: str, runs: Path, results: Path, protocol: str = "preset") -> dict:
+    name = name_of(protocol, fit, load)
+    command = [recovery._python(), str(ROOT / "train.py"), *args(fit, load, runs, protocol)]
     start = time.time()
+    results.mkdir(parents=True, exist_ok=True)
     with busy_core(load == "busy"):
-        recovery._run(command, runs / f"{name}.log")
+        try:
+            recovery._run(command, runs / f"{name}.log")
+        except subprocess.CalledProcessError:  # a refusal (a fit that misses its probes, a depth too deep) is a result
+            lines = (runs / f"{name}.log").read_text().splitlines()
+            refused = next((line for line in reversed(lines) if line.startswith("error: ")), lines[-1] if lines else "")
+            record = {"name": name, "protocol": protocol, "fit": fit, "load": load,
+                      "command": recovery._shown(command[1:], runs), "refused": refused,
+                      "wall_s": round(time.time() - start, 1), "machine": machine()}
+            (results / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
+            return record
     run = runs / name
     metrics = json.loads((run / "metrics.json").read_text())
     report = json.loads((run / "pruned" / "export_report.json").read_text())
@@ -75,12 +95,12 @@ def run_one(fit: str, load: str, runs: Path, results: Path) -> dict:
     probes = []
     if costs.get("path"):
         probes = json.loads(Path(costs["path"]).read_text()).get("probes", [])
-    record = {"name": name, "fit": fit, "load": load, "command": recovery._shown(command[1:], runs),
+    record = {"name": name, "protocol": protocol, "fit": fit, "load": load,
+              "command": recovery._shown(command[1:], runs),
               "costs": {k: costs.get(k) for k in ("source", "fit_error", "base", "coefficients")},
               "probes": [{k: p.get(k) for k in ("probe", "seconds", "timings", "predicted")} for p in probes],
               "plan": plan_of(report), "kept": metrics["kept"], "predicted": report["predicted"],
               "wall_s": round(time.time() - start, 1), "machine": machine()}
-    results.mkdir(parents=True, exist_ok=True)
     (results / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
 
@@ -88,19 +108,28 @@ def run_one(fit: str, load: str, runs: Path, results: Path) -> dict:
 def table(results: Path) -> str:
     found = {p.stem: json.loads(p.read_text()) for p in sorted(results.glob("*.json"))}
     rows = []
-    for fit in FITS:
-        pair = [found.get(f"{fit}_{load}") for load in LOADS]
-        for r in pair:
-            if r is None:
-                continue
-            c = r["costs"]
-            rows.append([fit, r["load"], f"{c['fit_error']:.1%}" if c["fit_error"] is not None else "-",
-                         f"{1000 * c['base']:.1f}", f"{1000 * c['coefficients']['decoder_layer']:.2f}",
-                         f"{1000 * c['coefficients']['encoder_layer']:.2f}",
-                         f"{1e6 * c['coefficients']['decoder_ffn']:.2f}", f"{r['predicted']['latency']:.3f}",
-                         f"{r['kept']['encoder_layer']} + {r['kept']['decoder_layer']}",
-                         plan_difference(pair[0]["plan"], pair[1]["plan"]) if None not in pair else "-"])
-    return markdown_table(["fit", "load", "fit error", "base ms", "decoder layer ms", "encoder layer ms",
+
+    def coefficient(c: dict, kind: str, scale: float) -> str:  # a kind the protocol does not gate has no price
+        return f"{scale * c['coefficients'][kind]:.2f}" if kind in c["coefficients"] else "-"
+
+    for protocol in PROTOCOLS:
+        for fit in FITS:
+            pair = [found.get(name_of(protocol, fit, load)) for load in LOADS]
+            complete = None not in pair and not any("refused" in r for r in pair)
+            for r in pair:
+                if r is None:
+                    continue
+                if "refused" in r:
+                    rows.append([protocol, fit, r["load"], *["-"] * 7, f"refused: {r['refused']}"])
+                    continue
+                c = r["costs"]
+                rows.append([protocol, fit, r["load"], f"{c['fit_error']:.1%}" if c["fit_error"] is not None else "-",
+                             f"{1000 * c['base']:.1f}", coefficient(c, "decoder_layer", 1000),
+                             coefficient(c, "encoder_layer", 1000), coefficient(c, "decoder_ffn", 1e6),
+                             f"{r['predicted']['latency']:.3f}",
+                             f"{r['kept'].get('encoder_layer', 'all')} + {r['kept']['decoder_layer']}",
+                             plan_difference(pair[0]["plan"], pair[1]["plan"]) if complete else "-"])
+    return markdown_table(["protocol", "fit", "load", "fit error", "base ms", "decoder layer ms", "encoder layer ms",
                            "decoder FFN unit us", "export latency kept", "layers enc + dec",
                            "structures the two plans differ in"], rows)
 
@@ -111,18 +140,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=Path, default=Path("runs/repro"))
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--fit", choices=FITS, default=None, help="one pair (default: both)")
+    parser.add_argument("--protocol", choices=list(PROTOCOLS), default="first_layers",
+                        help="the default run's (first_layers) or the one before it (preset)")
     args_ = parser.parse_args(argv)
     if args_.stage == "run":
         for fit in [args_.fit] if args_.fit else FITS:
             for load in LOADS:
-                if (args_.results / f"{fit}_{load}.json").is_file():
-                    print(f"{fit}_{load}: done (in {args_.results})")
+                name = name_of(args_.protocol, fit, load)
+                if (args_.results / f"{name}.json").is_file():
+                    print(f"{name}: done (in {args_.results})")
                     continue
-                run_one(fit, load, args_.runs.resolve(), args_.results)
+                run_one(fit, load, args_.runs.resolve(), args_.results, args_.protocol)
     write_readme(args_.results, "The same plan every run (benchmarks/plan_repro.py)",
-                 "The default's gated phase (100 steps, target 0.67, seed 1234) from the teacher, twice per fit: first "
-                 "with a second process spinning on one core, then without; the fit's costs, and how many structures "
-                 "the two exports' plans differ in.", table(args_.results))
+                 "A default run's gated phase from the teacher (target 0.67, seed 1234), twice per fit: first with a "
+                 "second process spinning on one core, then without; the fit's costs, and how many structures the two "
+                 "exports' plans differ in. first_layers: today's default (pruning=first_layers, 300 gated steps); "
+                 "preset: the default before it (pruning=speed, 100 gated steps).", table(args_.results))
     return 0
 
 

@@ -61,7 +61,7 @@ DEFAULT_RUN_STEPS = 1100  # make train's 300 gated + 800 fine-tuning steps from 
 
 @dataclass(frozen=True)
 class GatedPhase:
-    """How a gates start runs its gated phase beside ``pruning=speed``: None, the preset's own (100 gated steps);
+    """How a gates start runs its gated phase beside ``pruning=speed``: None, the setting's (100 gated steps);
     else ``gated_steps``, the layer gates settled at ``settle_at`` (both scaled with the grid) and ``overrides``."""
 
     gated_steps: int | None = None
@@ -124,7 +124,9 @@ class Setting:
     """What every cell shares: how an export starts (the teacher, or the smoke model for --quick), the teacher the
     recovery learns from, the budgets reported, and the validation interval."""
 
-    base: tuple[str, ...] = ("model=teacher", f"pruning.workload.table={TABLE}")
+    # the gated phase the grid's cells were recorded with: the preset's 100 steps (model=teacher gave 100 until the
+    # default became pruning=first_layers with 300); a start with its own gated_steps replaces it
+    base: tuple[str, ...] = ("model=teacher", f"pruning.workload.table={TABLE}", "gated_steps=100")
     teacher: str = "kept"
     recover: tuple[str, ...] = ()  # the recovery's own overrides (a dense run's model options)
     budgets: tuple[int, ...] = BUDGETS
@@ -172,7 +174,7 @@ class Export:
                   f"seed={self.seed}", f"hydra.run.dir={runs / self.name}"]
         if self.start in GATES:
             phase = GATES[self.start].args(self.setting.scale)
-            if any(a.startswith("gated_steps=") for a in phase):  # its own, not the smoke model's base's
+            if any(a.startswith("gated_steps=") for a in phase):  # its own, not the setting's base's
                 common = [c for c in common if not c.startswith("gated_steps=")]
             return ["pruning=speed", f"pruning.target_latency={self.target}", *phase, *common]
         if self.start == "random":

@@ -83,10 +83,13 @@ def test_an_unknown_cell_is_refused_with_the_cells_there_are(tmp_path):
 
 def test_the_plan_comparison_counts_each_structure_one_plan_keeps_and_the_other_does_not():
     bench = load_benchmark("plan_repro")
-    report = {"plan": {"enc.0": [0, 1, 2]}, "plan_units": {"ffn.0": [0, 5]}, "plan_layers": {"dec": [0, 2]}}
-    other = {"plan": {"enc.0": [0, 2, 3]}, "plan_units": {"ffn.0": [0, 5], "ffn.1": [7]}, "plan_layers": {"dec": [0]}}
+    # an export report's plans: kind -> site -> kept heads or units; stack -> kept layers
+    report = {"plan": {"encoder": {"enc.0": [0, 1, 2]}, "cross": {"x.0": [4]}},
+              "plan_units": {"decoder_ffn": {"ffn.0": [0, 5]}}, "plan_layers": {"decoder": [0, 2]}}
+    other = {"plan": {"encoder": {"enc.0": [0, 2, 3]}, "cross": {"x.0": [4]}},
+             "plan_units": {"decoder_ffn": {"ffn.0": [0, 5], "ffn.1": [7]}}, "plan_layers": {"decoder": [0]}}
     a, b = bench.plan_of(report), bench.plan_of(other)
-    assert a == {"heads enc.0": [0, 1, 2], "units ffn.0": [0, 5], "layers dec": [0, 2]}
+    assert a == {"heads enc.0": [0, 1, 2], "heads x.0": [4], "units ffn.0": [0, 5], "layers decoder": [0, 2]}
     # heads 1 and 3 (one each side), unit 7 of a site only one plan names, decoder layer 2: four in all
     assert bench.plan_difference(a, b) == bench.plan_difference(b, a) == 4 and bench.plan_difference(a, a) == 0
     # the busy run's second process spins while the block runs and is gone after it; a quiet run starts none
@@ -95,3 +98,34 @@ def test_the_plan_comparison_counts_each_structure_one_plan_keeps_and_the_other_
     assert spinner.returncode is not None
     with bench.busy_core(False) as none:
         assert none is None
+
+
+def test_the_plan_pairs_run_today_s_default_and_record_a_refusal_as_a_result(tmp_path, monkeypatch):
+    """``plan_repro.py --protocol first_layers`` runs the default run's gated phase (its pruning and steps, the kept
+    table or a fit measured at set-up); a run refused at set-up is a row of the table with its line, not a crash."""
+    import subprocess
+
+    bench = load_benchmark("plan_repro")
+    default = compose_train(tmp_path)
+    for fit in bench.FITS:
+        args = bench.args(fit, "busy", tmp_path, "first_layers")
+        run = compose_train(tmp_path, *args)
+        table = None if fit == "measured" else str(bench.recovery.TABLE)
+        assert run.pruning == {**default.pruning, "workload": {**default.pruning.workload, "table": table}}
+        assert run.gated_steps == default.gated_steps == 300 and run.finetune.steps == 0
+        assert args[-1] == f"hydra.run.dir={tmp_path / f'first_layers_{fit}_busy'}"
+    assert compose_train(tmp_path, *bench.args("table", "busy", tmp_path, "preset")).gated_steps == 100
+
+    refusal = ("error: pruning.settle_depth={'decoder': 2} keeps at least 0.69 of the dense model's predicted latency "
+               "(those layers alone, every other gated structure removed), above pruning.target_latency=0.67")
+
+    def refused(command, log):
+        log.write_text(f"set-up\n{refusal}\n")
+        raise subprocess.CalledProcessError(1, command)
+
+    monkeypatch.setattr(bench.recovery, "_run", refused)
+    record = bench.run_one("measured", "busy", tmp_path, tmp_path / "results", "first_layers")
+    assert record["refused"] == refusal
+    assert json.loads((tmp_path / "results" / "first_layers_measured_busy.json").read_text()) == record
+    rows = [line for line in bench.table(tmp_path / "results").splitlines() if line.startswith("| first_layers")]
+    assert rows == [f"| first_layers | measured | busy | - | - | - | - | - | - | - | refused: {refusal} |"]
