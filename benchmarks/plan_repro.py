@@ -40,7 +40,7 @@ def name_of(protocol: str, fit: str, load: str) -> str:
     return f"{PROTOCOLS[protocol][0]}{fit}_{load}"
 
 
-def args(fit: str, load: str, runs: Path, protocol: str = "preset") -> list[str]:
+def args(fit: str, load: str, runs: Path, protocol: str = "first_layers") -> list[str]:
     # first_layers prices the teacher by the kept table unless told not to; the preset measures unless given it
     table = [f"pruning.workload.table={'null' if fit == 'measured' else recovery.TABLE}"]
     return [*PROTOCOLS[protocol][1], *table, "finetune.steps=0", "export.formats=[hf]", "report.speed=false",
@@ -72,7 +72,7 @@ def plan_difference(a: dict[str, list[int]], b: dict[str, list[int]]) -> int:
     return sum(len(set(a.get(site, [])) ^ set(b.get(site, []))) for site in set(a) | set(b))
 
 
-def run_one(fit: str, load: str, runs: Path, results: Path, protocol: str = "preset") -> dict:
+def run_one(fit: str, load: str, runs: Path, results: Path, protocol: str = "first_layers") -> dict:
     name = name_of(protocol, fit, load)
     command = [recovery._python(), str(ROOT / "train.py"), *args(fit, load, runs, protocol)]
     start = time.time()
@@ -82,7 +82,9 @@ def run_one(fit: str, load: str, runs: Path, results: Path, protocol: str = "pre
             recovery._run(command, runs / f"{name}.log")
         except subprocess.CalledProcessError:  # a refusal (a fit that misses its probes, a depth too deep) is a result
             lines = (runs / f"{name}.log").read_text().splitlines()
-            refused = next((line for line in reversed(lines) if line.startswith("error: ")), lines[-1] if lines else "")
+            refused = next((line for line in reversed(lines) if line.startswith("error: ")), None)
+            if refused is None:  # a crash, not a one-line refusal: no record, so the next run tries again
+                raise
             record = {"name": name, "protocol": protocol, "fit": fit, "load": load,
                       "command": recovery._shown(command[1:], runs), "refused": refused,
                       "wall_s": round(time.time() - start, 1), "machine": machine()}
@@ -100,6 +102,7 @@ def run_one(fit: str, load: str, runs: Path, results: Path, protocol: str = "pre
               "costs": {k: costs.get(k) for k in ("source", "fit_error", "base", "coefficients")},
               "probes": [{k: p.get(k) for k in ("probe", "seconds", "timings", "predicted")} for p in probes],
               "plan": plan_of(report), "kept": metrics["kept"], "predicted": report["predicted"],
+              "budget": metrics.get("budget"),  # the expected cost at the end and the export's
               "wall_s": round(time.time() - start, 1), "machine": machine()}
     (results / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
     return record

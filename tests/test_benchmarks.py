@@ -867,7 +867,7 @@ def test_the_readme_s_default_run_is_the_recorded_run():
     shipped, teacher, fair = m["test"]["pruned"]["bleu"], m["test"]["dense"]["bleu"], m["reference"]["test_bleu"]
     assert m["finetune"]["steps"] + m["steps"] == m["reference"]["steps"] == 1100  # the fair reference's steps
     b1, b32 = (m["speed"]["batches"][b]["speed_up"] for b in ("1", "32"))
-    assert (f"800 steps bring it to {shipped:.2f} test BLEU, {fair - shipped:.2f} below the teacher trained on as long "
+    assert (f"{m['finetune']['steps']} steps bring it to {shipped:.2f} test BLEU, {fair - shipped:.2f} below the teacher trained on as long "
             f"({fair:.2f}) and {shipped - teacher:.2f} above the teacher as kept ({teacher:.2f}), at {b1:.2f}x in "
             f"`generate()` at batch 1 and {b32:.2f}x at batch 32 (predicted {m['export']['predicted']['speed_up']:.2f}x"
             ) in readme

@@ -155,10 +155,12 @@ def test_the_default_run_recovers_the_kept_teacher_s_export_and_the_measured_pre
 
     default = compose("/tmp/unused")
     assert default.model.name_or_path == str(TEACHER_DIR) and default.dense_steps == 0  # no dense phase
-    # docs/recovery.md's recipe: the probe's peak after a warm-up, inverse square root, validation every 250 steps
+    # docs/recovery.md's recipe: the probe's peak after a warm-up, inverse square root, validation every 250 steps;
+    # 800 steps in the default run (finetune=default_run: with its 300 gated steps, its reference's 1,100), 1,000 else
     tuning = default.finetune
     assert (tuning.steps, tuning.lr, tuning.warmup_steps, tuning.decay, tuning.val_check_interval) == (
-        1000, 2e-3, 100, "inverse_sqrt", 250)
+        800, 2e-3, 100, "inverse_sqrt", 250)
+    assert compose("/tmp/unused", "finetune=default").finetune.steps == 1000
     for preset in ("experiment=smoke", "experiment=lambda_sweep", "experiment=compare", "+quality=plain"):
         assert compose("/tmp/unused", preset).finetune.steps == 0, preset
     # the pages measured before keep their model (trained from scratch) and their fine-tune (finetune=short)

@@ -117,7 +117,8 @@ def test_the_plan_pairs_run_today_s_default_and_record_a_refusal_as_a_result(tmp
     assert compose_train(tmp_path, *bench.args("table", "busy", tmp_path, "preset")).gated_steps == 100
 
     refusal = ("error: pruning.settle_depth={'decoder': 2} keeps at least 0.69 of the dense model's predicted latency "
-               "(those layers alone, every other gated structure removed), above pruning.target_latency=0.67")
+               "(those layers alone, every other gated structure removed), above pruning.target_latency=0.67; allowed: "
+               "fewer layers, or a target of at least 0.69")
 
     def refused(command, log):
         log.write_text(f"set-up\n{refusal}\n")
@@ -129,3 +130,32 @@ def test_the_plan_pairs_run_today_s_default_and_record_a_refusal_as_a_result(tmp
     assert json.loads((tmp_path / "results" / "first_layers_measured_busy.json").read_text()) == record
     rows = [line for line in bench.table(tmp_path / "results").splitlines() if line.startswith("| first_layers")]
     assert rows == [f"| first_layers | measured | busy | - | - | - | - | - | - | - | refused: {refusal} |"]
+
+    def crashed(command, log):  # a traceback, no one-line refusal: raised, and nothing recorded to be skipped later
+        log.write_text("Traceback (most recent call last):\nRuntimeError: boom\n")
+        raise subprocess.CalledProcessError(1, command)
+
+    monkeypatch.setattr(bench.recovery, "_run", crashed)
+    with pytest.raises(subprocess.CalledProcessError):
+        bench.run_one("table", "busy", tmp_path, tmp_path / "results", "first_layers")
+    assert not (tmp_path / "results" / "first_layers_table_busy.json").exists()
+
+
+def test_the_default_s_plan_pairs_are_the_committed_records(tmp_path):
+    """docs/gates.md 0c and the README: the default run, priced by the teacher's kept table, shipped one plan busy and
+    quiet; with a fit measured at set-up its two plans differed, by the count the page gives."""
+    bench = load_benchmark("plan_repro")
+    record = {n: json.loads((bench.RESULTS / f"first_layers_{n}.json").read_text())
+              for n in ("table_busy", "table_quiet", "measured_busy", "measured_quiet")}
+    assert bench.plan_difference(record["table_busy"]["plan"], record["table_quiet"]["plan"]) == 0
+    # the plan make train shipped that day (docs/benchmarks/default_run/), structure by structure
+    shipped = json.loads((bench.ROOT / "docs" / "benchmarks" / "default_run" / "2026-12-06.json").read_text())
+    assert bench.plan_difference(record["table_busy"]["plan"], shipped["export_plan"]) == 0
+    # every kept structure of every kind, layers too
+    assert sum(map(len, shipped["export_plan"].values())) == sum(shipped["metrics"]["kept"].values())
+    for name in ("table_busy", "table_quiet"):  # the table the default prices the teacher with
+        assert f"pruning.workload.table={bench.recovery.TABLE.relative_to(bench.ROOT)}" in record[name]["command"]
+    assert compose_train(tmp_path).pruning.workload.table == str(bench.recovery.TABLE)
+    apart = bench.plan_difference(record["measured_busy"]["plan"], record["measured_quiet"]["plan"])
+    page = " ".join((bench.ROOT / "docs" / "gates.md").read_text().split())
+    assert apart > 0 and f"the two plans differ in {apart:,} structures" in page
