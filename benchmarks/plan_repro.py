@@ -77,6 +77,8 @@ def run_one(fit: str, load: str, runs: Path, results: Path, protocol: str = "fir
     command = [recovery._python(), str(ROOT / "train.py"), *args(fit, load, runs, protocol)]
     start = time.time()
     results.mkdir(parents=True, exist_ok=True)
+    said = {"name": name, "protocol": protocol, "fit": fit, "load": load,
+            "command": recovery._shown(command[1:], runs)}
     with busy_core(load == "busy"):
         try:
             recovery._run(command, runs / f"{name}.log")
@@ -85,9 +87,7 @@ def run_one(fit: str, load: str, runs: Path, results: Path, protocol: str = "fir
             refused = next((line for line in reversed(lines) if line.startswith("error: ")), None)
             if refused is None:  # a crash, not a one-line refusal: no record, so the next run tries again
                 raise
-            record = {"name": name, "protocol": protocol, "fit": fit, "load": load,
-                      "command": recovery._shown(command[1:], runs), "refused": refused,
-                      "wall_s": round(time.time() - start, 1), "machine": machine()}
+            record = {**said, "refused": refused, "wall_s": round(time.time() - start, 1), "machine": machine()}
             (results / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
             return record
     run = runs / name
@@ -97,9 +97,7 @@ def run_one(fit: str, load: str, runs: Path, results: Path, protocol: str = "fir
     probes = []
     if costs.get("path"):
         probes = json.loads(Path(costs["path"]).read_text()).get("probes", [])
-    record = {"name": name, "protocol": protocol, "fit": fit, "load": load,
-              "command": recovery._shown(command[1:], runs),
-              "costs": {k: costs.get(k) for k in ("source", "fit_error", "base", "coefficients")},
+    record = {**said, "costs": {k: costs.get(k) for k in ("source", "fit_error", "base", "coefficients")},
               "probes": [{k: p.get(k) for k in ("probe", "seconds", "timings", "predicted")} for p in probes],
               "plan": plan_of(report), "kept": metrics["kept"], "predicted": report["predicted"],
               "budget": metrics.get("budget"),  # the expected cost at the end and the export's
