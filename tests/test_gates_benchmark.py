@@ -159,3 +159,82 @@ def test_the_default_s_plan_pairs_are_the_committed_records(tmp_path):
     apart = bench.plan_difference(record["measured_busy"]["plan"], record["measured_quiet"]["plan"])
     page = " ".join((bench.ROOT / "docs" / "gates.md").read_text().split())
     assert apart > 0 and f"the two plans differ in {apart:,} structures" in page
+
+
+def test_the_fit_spread_replays_the_fit_a_run_makes_and_gives_each_kind_its_share(tmp_path, monkeypatch):
+    """benchmarks/fit_spread.py: every probe timed several times; each run's fit is ``fit_latency`` replayed on three
+    consecutive timings as its retries take them, and each kind's share of the dense latency is c_k n_k / total."""
+    from helpers import FAKE_BASE, FAKE_COSTS, bart_structures, tiny_bart3
+
+    bench = load_benchmark("fit_spread")
+    model = tiny_bart3()
+    calls = []
+
+    def timer(models, workload):  # the fake clock, slower each call by a factor common to every probe
+        calls.append(len(models))
+        return [(1 + 0.1 * len(calls)) * (FAKE_BASE + sum(FAKE_COSTS[k] * n for k, n in bart_structures(m).items()))
+                for m in models]
+
+    record = bench.measure(model, "quiet", 6, timer)
+    assert len(record["timings"]) == len(calls) == 6 and set(calls) == {len(record["probes"])}
+    assert record["probes"][0] == {"probe": "dense", "structures": bart_structures(model)}
+    dense = bart_structures(model)
+    total = FAKE_BASE + sum(FAKE_COSTS[k] * n for k, n in dense.items())
+    expected = {"base": FAKE_BASE / total, **{k: FAKE_COSTS[k] * n / total for k, n in dense.items()}}
+    found = bench.fits(model, record)
+    assert len(found["a run"]) == 2 and len(found["one timing"]) == 6 and found["every timing"][0]["timings"] == 6
+    for fit in found["a run"] + found["one timing"] + found["every timing"]:  # a factor common to all probes leaves
+        # every share as it is (the median of six timings: the factor between the third and the fourth)
+        assert fit["shares"] == pytest.approx(expected, abs=1e-9) and fit["error"] < 1e-9
+        assert sum(fit["shares"].values()) == pytest.approx(1)
+    assert [fit["timings"] for fit in found["a run"]] == [1, 1]
+
+    # one probe timed 3x in the first timing: the run times again and the median of three outvotes it
+    exact = [FAKE_BASE + sum(FAKE_COSTS[k] * n for k, n in probe["structures"].items()) for probe in record["probes"]]
+    bad = [list(exact) for _ in range(3)]
+    bad[0][4] *= 3
+    run = bench.replay(model, bad)
+    assert run["timings"] == 3 and run["shares"] == pytest.approx(expected, abs=1e-9)
+    assert bench.replay(model, bad[:1])["refused"].startswith("the latency fit misses its probe")
+    # a run whose every timing is off is refused, and the table says so beside the runs that were made
+    worse = [list(t) for t in bad]
+    for t in worse:
+        t[4] *= 3
+    (tmp_path / "quiet.json").write_text(json.dumps({**record, "timings": worse + record["timings"][3:]}))
+    rows = [line.split(" | ") for line in bench.table(model, tmp_path, kept=None).splitlines()[2:]]
+    assert [row[1:3] for row in rows] == [["a run", "1 (+1 refused)"], ["one timing", "3 (+3 refused)"],
+                                          ["every timing", "1"]]
+    share = f"{100 * expected['decoder_ffn']:.1f}"
+    assert rows[0][5 + list(bench.ALL_KINDS).index("decoder_ffn")] == share  # one run made: its share
+
+    # the kept table beside them: its error over its probes as the file's own predictions give it
+    kept = json.loads(bench.LATENCY_TABLE.read_text())
+    last = bench.table(model, tmp_path).splitlines()[-1].split(" | ")
+    error = max(abs(p["predicted"] / p["seconds"] - 1) for p in kept["probes"])
+    assert last[1:4] == ["the kept table (teacher_latency.json)", "1", f"{error:.1%}"]
+
+    with pytest.raises(SystemExit) as exit_:  # a run is three timings: refused before anything is timed
+        bench.main(["run", "--timings", "4", "--results", str(tmp_path / "none")])
+    assert exit_.value.code == 2 and not (tmp_path / "none").exists()
+
+
+def test_the_fit_spread_on_the_page_is_the_committed_timings_replayed():
+    """docs/gates.md 0c quotes each kind's share from benchmarks/fit_spread.py's table, which is made again here from
+    the committed timings (the kept teacher's probes, replayed through fit_latency); the README is that table."""
+    bench = load_benchmark("fit_spread")
+    made = bench.table(bench.load_model(str(bench.ROOT / "teacher")), bench.RESULTS, singles=False)
+    readme = (bench.RESULTS / "README.md").read_text().splitlines()
+    assert all(line in readme for line in made.splitlines())  # the README's rows but "one timing" (its replays)
+    rows = {}
+    for line in made.splitlines()[2:]:
+        cells = line.strip("| ").split(" | ")
+        rows[(cells[0], cells[1].split(" (")[0])] = cells[2:]
+    page = (bench.ROOT / "docs" / "gates.md").read_text()
+    section = page[page.index("**How far a measured fit moves"):page.index("- **A run's fit on this machine")]
+    quoted = [line.strip("| ").split(" | ") for line in section.splitlines()
+              if line.startswith(("| busy | ", "| quiet | ", "| - | the kept table"))]
+    labels = {"a run (three timings at most)": "a run", "the median of all 15 timings": "every timing",
+              "the kept table (another day)": "the kept table"}
+    assert len(quoted) == 5
+    for cells in quoted:
+        assert cells[2:] == rows[(cells[0], labels[cells[1]])], cells

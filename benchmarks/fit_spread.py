@@ -1,0 +1,180 @@
+"""How far a latency fit measured on this machine moves from run to run (issue 38, item 3), kind by kind.
+
+The plan the gates ship follows the price the latency fit puts on each kind (docs/gates.md 0c: two measured fits of
+the kept teacher, each inside its tolerance, priced encoder heads free in one and 0.77 ms each in the other, and the
+two plans differed in 3,669 structures). This script asks how much of that is the measurement: it times the probes of
+the default's fit (``gatedprune.costs.latency``, the teacher, ``Workload()``: batch 1, 32 + 32 tokens, one thread,
+each probe the median of three interleaved calls) ``--timings`` times, first while a second process spins on one core
+(``plan_repro.busy_core``), then alone, and keeps every timing. ``table`` then replays them through
+``fit_latency`` itself, three timings per run as its retries take them (a run fits the first, then the median of the
+first two, then of all three, and stops at the first within ``fit_tolerance``, or refuses), and reports each kind's
+share of the dense latency, c_k * n_k / (base + sum_j c_j * n_j), from lowest to highest over the runs, beside the
+same from each timing fitted alone. A kind whose share moves by as much as it is has no price the gates can rely on.
+
+    .venv/bin/python benchmarks/fit_spread.py run       # the loads not yet in docs/benchmarks/fit_spread/
+    .venv/bin/python benchmarks/fit_spread.py table     # docs/benchmarks/fit_spread/README.md from the records
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import plan_repro  # noqa: E402  (the busy core)
+from common import ROOT, command_line, machine, write_readme  # noqa: E402
+
+from gatedprune.costs import table as costs_table  # noqa: E402
+from gatedprune.costs.counts import features  # noqa: E402
+from gatedprune.costs.latency import LatencyFitError, fit, fit_latency, probe_models  # noqa: E402
+from gatedprune.costs.linear import LinearCost  # noqa: E402
+from gatedprune.costs.workload import Workload  # noqa: E402
+from gatedprune.structures.kinds import ALL_KINDS  # noqa: E402
+from gatedprune.teacher import LATENCY_TABLE  # noqa: E402
+from gatedprune.utils import atomic_write_text, markdown_table  # noqa: E402
+
+RESULTS = ROOT / "docs" / "benchmarks" / "fit_spread"
+LOADS = plan_repro.LOADS  # busy first
+PER_RUN = Workload().fit_attempts  # the timings one run may take (its retries)
+
+
+def load_model(path: str):
+    from transformers import AutoModelForSeq2SeqLM
+
+    return AutoModelForSeq2SeqLM.from_pretrained(path).eval()
+
+
+def measure(model, load: str, timings: int, timer) -> dict:
+    """Every probe of ``model``'s default fit timed ``timings`` times with ``timer``, beside a busy core or not."""
+    workload = Workload()
+    probes = probe_models(model, workload.probe_fractions)
+    with plan_repro.busy_core(load == "busy"):
+        seconds = [[float(s) for s in timer([m for _, m in probes], workload)] for _ in range(timings)]
+    return {"load": load, "date": date.today().isoformat(), "machine": machine(), "workload": workload.decoding(),
+            "probes": [{"probe": name, "structures": features(m)} for name, m in probes], "timings": seconds}
+
+
+def shares(cost, dense: dict[str, int]) -> dict[str, float]:
+    """Each kind's share of the dense model's predicted latency, and the base's: c_k * n_k / total."""
+    total = cost.base + sum(cost.coefficients.get(k, 0.0) * n for k, n in dense.items())
+    return {"base": cost.base / total, **{k: cost.coefficients.get(k, 0.0) * dense[k] / total for k in ALL_KINDS}}
+
+
+def replay(model, timings: list[list[float]]) -> dict:
+    """The fit ``fit_latency`` makes from these timings, taken in order (one per retry): the kinds' shares, the fit's
+    error over its probes and how many timings it took; or the line it refused with."""
+    queue = list(timings)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # its notes on each retry: the record says how many it took
+            cost, probes = fit_latency(model, Workload(fit_attempts=len(timings)), lambda models, workload: queue.pop(0))
+    except LatencyFitError as err:
+        return {"refused": str(err)}
+    return {"shares": shares(cost, probes[0]["structures"]), "error": max(_misses(cost, probes)),
+            "timings": len(timings) - len(queue)}
+
+
+def _misses(cost, probes: list[dict]) -> list[float]:
+    """Each probe's relative error under ``cost``: |predicted / t - 1| (``latency.fit_error``'s, from the counts)."""
+    return [abs(_predict(cost, p["structures"]) / p["seconds"] - 1) for p in probes]
+
+
+def _predict(cost, structures: dict[str, int]) -> float:
+    return cost.base + sum(cost.coefficients.get(k, 0.0) * n for k, n in structures.items())
+
+
+def pooled(record: dict) -> dict:
+    """The fit to the per-probe median of every timing in ``record`` (what a run would fit after that many retries,
+    whatever its tolerance): the kinds' shares and its error over its probes."""
+    rows = [p["structures"] for p in record["probes"]]
+    seconds = np.median(np.asarray(record["timings"]), axis=0)  # (J,)
+    base, coefficients = fit(rows, seconds.tolist())
+    cost = LinearCost("latency", base, coefficients)
+    probes = [{"structures": row, "seconds": t} for row, t in zip(rows, seconds.tolist())]
+    return {"shares": shares(cost, rows[0]), "error": max(_misses(cost, probes)), "timings": len(record["timings"])}
+
+
+def fits(model, record: dict, singles: bool = True) -> dict[str, list[dict]]:
+    """``{"a run": [...], "one timing": [...], "every timing": [one]}``: a run's fit per ``PER_RUN`` consecutive
+    timings, each timing's fit alone (the same ``fit_latency``, one attempt), and the fit to all of them."""
+    timings = record["timings"]
+    runs = [replay(model, timings[i:i + PER_RUN]) for i in range(0, len(timings) - PER_RUN + 1, PER_RUN)]
+    one = {"one timing": [replay(model, [t]) for t in timings]} if singles else {}  # most of the replays
+    return {"a run": runs, **one, "every timing": [pooled(record)]}
+
+
+def spread(results: list[dict], kind: str) -> str:
+    """"lowest-highest" per cent of a kind's share over the fits that were made (a refused run has none); one fit's
+    share alone."""
+    values = [f"{100 * r['shares'][kind]:.1f}" for r in results if r.get("shares")]
+    if not values:
+        return "-"
+    low, high = min(values, key=float), max(values, key=float)
+    return low if len(values) == 1 else f"{low}-{high}"
+
+
+def table(model, results: Path, kept: Path | None = LATENCY_TABLE, singles: bool = True) -> str:
+    rows = []
+    for load in LOADS:
+        path = results / f"{load}.json"
+        if not path.is_file():
+            continue
+        record = json.loads(path.read_text())
+        for how, found in fits(model, record, singles).items():
+            made = [r for r in found if r.get("shares")]
+            refused = len(found) - len(made)
+            errors = [r["error"] for r in made]
+            rows.append([load, how, f"{len(made)}" + (f" (+{refused} refused)" if refused else ""),
+                         (f"{min(errors):.1%}-{max(errors):.1%}" if len(errors) > 1 else f"{errors[0]:.1%}")
+                         if errors else "-",
+                         *(spread(found, kind) for kind in ("base", *ALL_KINDS))])
+    if kept is not None:  # the table the default prices the teacher with, measured elsewhere, beside them
+        _, cost, probes = costs_table.read(kept)
+        rows.append(["-", f"the kept table ({kept.name})", "1", f"{max(_misses(cost, probes)):.1%}",
+                     *(spread([{"shares": shares(cost, probes[0]["structures"])}], kind)
+                       for kind in ("base", *ALL_KINDS))])
+    return markdown_table(["load", "fit from", "fits", "fit error", "base %", *(f"{k} %" for k in ALL_KINDS)], rows)
+
+
+INTRO = ("Each kind's share of the dense model's predicted latency (c_k * n_k / total, in per cent), lowest-highest "
+         "over the fits made from one record's timings: \"a run\" replays `fit_latency` on three consecutive timings "
+         "as its retries take them, \"one timing\" fits each timing alone, \"every timing\" fits the per-probe median of "
+         "all of them. The kept teacher, `Workload()` (batch 1, "
+         "32 + 32 tokens, one thread, three interleaved calls per probe); busy: a second process spinning on one core.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("stage", choices=["run", "table"])
+    parser.add_argument("--model", default=str(ROOT / "teacher"), help="the model whose probes are timed")
+    parser.add_argument("--timings", type=int, default=5 * PER_RUN, help="timings of every probe per load")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if args.timings < PER_RUN or args.timings % PER_RUN:
+        parser.error(f"--timings={args.timings}; allowed: a multiple of {PER_RUN} (one run's timings)")
+    model = load_model(args.model)
+    if args.stage == "run":
+        from gatedprune.costs.timers import TIMERS
+
+        for load in LOADS:
+            path = args.results / f"{load}.json"
+            if path.is_file():
+                print(f"{load}: done ({path})")
+                continue
+            record = measure(model, load, args.timings, TIMERS[Workload().runtime])
+            record["command"] = command_line("fit_spread.py", argv if argv is not None else sys.argv[1:])
+            args.results.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(path, json.dumps(record, indent=2) + "\n")
+    write_readme(args.results, "How far a measured latency fit moves (benchmarks/fit_spread.py)", INTRO,
+                 table(model, args.results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
