@@ -238,3 +238,9 @@ def test_the_fit_spread_on_the_page_is_the_committed_timings_replayed():
     assert len(quoted) == 5
     for cells in quoted:
         assert cells[2:] == rows[(cells[0], labels[cells[1]])], cells
+    # the guide's sentence: the widest decoder layer share of a run's fit, and the fits of every timing
+    guide = " ".join((bench.ROOT / "docs" / "guide" / "speed_targets.md").read_text().split())
+    widest = max(rows[(load, "a run")][8 + 1].split("-")[1] for load in ("busy", "quiet"))  # decoder layer %
+    errors = [rows[(load, "every timing")][1] for load in ("quiet", "busy")]
+    assert f"anywhere from 0 to {round(float(widest))}% of the latency" in guide
+    assert f"missed their probes by only {errors[0]} and {errors[1]}" in guide
