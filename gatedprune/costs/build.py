@@ -20,6 +20,14 @@ from gatedprune.costs.workload import Workload
 from gatedprune.shipping.export import dense_copy  # the gated model without its gate hooks
 
 
+# a fit timed at set-up follows the machine's timings (docs/gates.md 0c: on a shared 2-core machine a run's fit put
+# the decoder layer at 0-49% of the latency), and the plan follows the fit
+ONE_PLAN = ("note: a latency fit timed here prices each kind by this run's timings; another run's fit on a shared "
+            "machine prices them otherwise and can ship another plan. For one plan every run, measure a table once "
+            "(gatedprune-latency MODEL_DIR TABLE.json --fit-tolerance 0.05 --fit-attempts 15) and give it to every "
+            "run (pruning.workload.table=TABLE.json)")
+
+
 def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = (), timer=None) -> tuple[LinearCost, dict]:
     """(cost, where it came from: {"source": "table" | "cache" | "measured", "path", "device", and for a measured
     fit its "probes" and "fit_error", the largest relative error over them})."""
@@ -44,6 +52,7 @@ def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = 
             "fit_error": latency.fit_error(probes)}
     print(f"latency fit: {1000 * cost.base:.2f} ms per call plus each structure's cost; its largest error over its "
           f"{len(probes)} probes {info['fit_error']:.1%}")
+    print(ONE_PLAN)
     for directory in cache_dirs:  # the first that takes it: beside the checkpoint forked, else the run's own
         try:
             table.save(Path(directory) / name, wanted, cost, probes)
