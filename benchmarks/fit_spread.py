@@ -79,9 +79,10 @@ def replay(model, timings: list[list[float]], tolerance: float = Workload().fit_
     """The fit ``fit_latency`` makes from these timings, taken in order (one per retry): the kinds' shares, the fit's
     error over its probes and how many timings it took; or the line it refused with."""
     queue = list(timings)
+    workload = Workload(fit_attempts=len(timings), fit_tolerance=tolerance)
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # its notes on each retry: the record says how many it took
-            cost, probes = fit_latency(model, Workload(fit_attempts=len(timings), fit_tolerance=tolerance), lambda models, workload: queue.pop(0))
+            cost, probes = fit_latency(model, workload, lambda models, _: queue.pop(0))
     except LatencyFitError as err:
         return {"refused": str(err)}
     return {"shares": shares(cost, probes[0]["structures"]), "error": max(_misses(cost, probes)),
@@ -154,14 +155,15 @@ def table(model, results: Path, kept: Path | None = LATENCY_TABLE, singles: bool
         rows.append(["-", f"the kept table ({kept.name})", "1", "-", f"{max(_misses(cost, probes)):.1%}",
                      *(spread([{"shares": shares(cost, probes[0]["structures"])}], kind)
                        for kind in ("base", *ALL_KINDS))])
-    return markdown_table(["load", "fit from", "fits", "timings it took", "fit error", "base %", *(f"{k} %" for k in ALL_KINDS)], rows)
+    return markdown_table(["load", "fit from", "fits", "timings it took", "fit error", "base %",
+                           *(f"{k} %" for k in ALL_KINDS)], rows)
 
 
 INTRO = ("Each kind's share of the dense model's predicted latency (c_k * n_k / total, in per cent), lowest-highest "
          "over the fits made from one record's timings: \"a run\" replays `fit_latency` on three consecutive timings "
-         "as its retries take them, \"one timing\" fits each timing alone, \"every timing\" fits the per-probe median of "
-         "all of them, \"5% tolerance\" replays `fit_latency` on all of them with `fit_tolerance` 0.05 (the median of "
-         "every timing so far, until it misses its probes by 5% at most). The kept teacher, `Workload()` (batch 1, "
+         "as its retries take them, \"one timing\" fits each timing alone, \"every timing\" fits the per-probe median "
+         "of all of them, \"5% tolerance\" replays `fit_latency` on all of them with `fit_tolerance` 0.05 (the median "
+         "of every timing so far, until it misses its probes by 5% at most). The kept teacher, `Workload()` (batch 1, "
          "32 + 32 tokens, one thread, three interleaved calls per probe); busy: a second process spinning on one core.")
 
 

@@ -161,7 +161,8 @@ def test_the_default_s_plan_pairs_are_the_committed_records(tmp_path):
     page = " ".join((bench.ROOT / "docs" / "gates.md").read_text().split())
     assert apart > 0 and f"the two plans differ in {apart:,} structures" in page
     # fits timed until they miss their probes by 5%: closer, not the same plan
-    tight = [json.loads((bench.RESULTS / f"first_layers_measured_5pct_{load}.json").read_text()) for load in bench.LOADS]
+    tight = [json.loads((bench.RESULTS / f"first_layers_measured_5pct_{load}.json").read_text())
+             for load in bench.LOADS]
     assert all(r["costs"]["fit_error"] <= 0.05 and "fit_tolerance=0.05" in r["command"] for r in tight)
     closer = bench.plan_difference(tight[0]["plan"], tight[1]["plan"])
     assert 0 < closer < apart and f"The two plans still differ in {closer:,} structures" in page
