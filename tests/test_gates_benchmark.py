@@ -166,6 +166,8 @@ def test_the_default_s_plan_pairs_are_the_committed_records(tmp_path):
     assert all(r["costs"]["fit_error"] <= 0.05 and "fit_tolerance=0.05" in r["command"] for r in tight)
     closer = bench.plan_difference(tight[0]["plan"], tight[1]["plan"])
     assert 0 < closer < apart and f"The two plans still differ in {closer:,} structures" in page
+    guide = " ".join((bench.ROOT / "docs" / "guide" / "speed_targets.md").read_text().split())
+    assert f"one beside a busy core, shipped plans {closer:,} structures apart" in guide
     for r in tight:  # the page's row: the fit, the expected cost at the end, the count
         c, expected = r["costs"], r["budget"]["latency"]["expected_kept"]
         row = (f"| measured to 5% | {r['load']} | {c['fit_error']:.1%} | {1e3 * c['base']:.1f} | "
