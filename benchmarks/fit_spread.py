@@ -33,7 +33,7 @@ from common import ROOT, command_line, machine, write_readme  # noqa: E402
 
 from gatedprune.costs import table as costs_table  # noqa: E402
 from gatedprune.costs.counts import features  # noqa: E402
-from gatedprune.costs.latency import LatencyFitError, fit, fit_latency, probe_models  # noqa: E402
+from gatedprune.costs.latency import LatencyFitError, fit, fit_error, fit_latency, probe_models  # noqa: E402
 from gatedprune.costs.linear import LinearCost  # noqa: E402
 from gatedprune.costs.workload import Workload  # noqa: E402
 from gatedprune.structures.kinds import ALL_KINDS  # noqa: E402
@@ -85,17 +85,8 @@ def replay(model, timings: list[list[float]], tolerance: float = Workload().fit_
             cost, probes = fit_latency(model, workload, lambda models, _: queue.pop(0))
     except LatencyFitError as err:
         return {"refused": str(err)}
-    return {"shares": shares(cost, probes[0]["structures"]), "error": max(_misses(cost, probes)),
+    return {"shares": shares(cost, probes[0]["structures"]), "error": fit_error(probes),
             "timings": len(timings) - len(queue)}
-
-
-def _misses(cost, probes: list[dict]) -> list[float]:
-    """Each probe's relative error under ``cost``: |predicted / t - 1| (``latency.fit_error``'s, from the counts)."""
-    return [abs(_predict(cost, p["structures"]) / p["seconds"] - 1) for p in probes]
-
-
-def _predict(cost, structures: dict[str, int]) -> float:
-    return cost.base + sum(cost.coefficients.get(k, 0.0) * n for k, n in structures.items())
 
 
 def pooled(record: dict) -> dict:
@@ -105,8 +96,9 @@ def pooled(record: dict) -> dict:
     seconds = np.median(np.asarray(record["timings"]), axis=0)  # (J,)
     base, coefficients = fit(rows, seconds.tolist())
     cost = LinearCost("latency", base, coefficients)
-    probes = [{"structures": row, "seconds": t} for row, t in zip(rows, seconds.tolist())]
-    return {"shares": shares(cost, rows[0]), "error": max(_misses(cost, probes)), "timings": len(record["timings"])}
+    probes = [{"seconds": t, "predicted": base + sum(coefficients[k] * row[k] for k in coefficients)}
+              for row, t in zip(rows, seconds.tolist())]
+    return {"shares": shares(cost, rows[0]), "error": fit_error(probes), "timings": len(record["timings"])}
 
 
 def fits(model, record: dict, singles: bool = True) -> dict[str, list[dict]]:
@@ -152,7 +144,7 @@ def table(model, results: Path, kept: Path | None = LATENCY_TABLE, singles: bool
                          *(spread(found, kind) for kind in ("base", *ALL_KINDS))])
     if kept is not None:  # the table the default prices the teacher with, measured elsewhere, beside them
         _, cost, probes = costs_table.read(kept)
-        rows.append(["-", f"the kept table ({kept.name})", "1", "-", f"{max(_misses(cost, probes)):.1%}",
+        rows.append(["-", f"the kept table ({kept.name})", "1", "-", f"{fit_error(probes):.1%}",
                      *(spread([{"shares": shares(cost, probes[0]["structures"])}], kind)
                        for kind in ("base", *ALL_KINDS))])
     return markdown_table(["load", "fit from", "fits", "timings it took", "fit error", "base %",
