@@ -2,8 +2,10 @@
 process keeps one core busy, and how far apart their latency fits and the plans they ship are.
 
 Each run is a default run's gated phase from the kept teacher (target 0.67, seed 1234), exported and not
-fine-tuned, with the latency fit measured at set-up (``fit=measured``: no table, a fresh cache; ``measured_5pct``:
-the same, timed again until the fit misses its probes by 5% at most) or read from the recovery grid's kept fit
+fine-tuned, with the latency fit measured at set-up by each run (``fit=measured``: no table, a fresh cache of its
+own; ``measured_5pct``: the same, timed again until the fit misses its probes by 5% at most), measured by the first
+run and kept for the second in the machine's cache (``fit=measured_once``: no table, as a run without one prices
+since 2026-12-06; ``$GATEDPRUNE_CACHE`` fresh for the pair) or read from the recovery grid's kept fit
 (``fit=table``). ``--protocol`` picks which default: ``first_layers``, today's
 (``pruning=first_layers``, 300 gated steps), or ``preset``, the one before it (``pruning=speed``, 100 gated steps).
 Its json records the fit (base, costs per structure, largest error over its probes, each probe's timings) and the
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -35,7 +38,11 @@ RESULTS = ROOT / "docs" / "benchmarks" / "plan_repro"
 FITS = {"measured": ["pruning.workload.table=null"],
         "measured_5pct": ["pruning.workload.table=null", "pruning.workload.fit_tolerance=0.05",
                           "pruning.workload.fit_attempts=15"],
+        "measured_once": ["pruning.workload.table=null"],
         "table": [f"pruning.workload.table={recovery.TABLE}"]}
+# whose machine cache of latency fits (costs.table.machine_dir) a run sees: its own, empty (it times its fit), or
+# one the pair shares, empty before its first run (the first times the fit, the second reuses it)
+SHARED_CACHE = {"measured_once"}
 LOADS = ("busy", "quiet")  # in this order: the busy run first, as the issue asks
 # each default's gated phase, and the prefix of its records' names (the preset's were recorded without one)
 PROTOCOLS = {"first_layers": ("first_layers_", ["model=teacher", "gated_steps=300"]),
@@ -77,16 +84,27 @@ def plan_difference(a: dict[str, list[int]], b: dict[str, list[int]]) -> int:
     return sum(len(set(a.get(site, [])) ^ set(b.get(site, []))) for site in set(a) | set(b))
 
 
+def machine_cache(fit: str, load: str, runs: Path, protocol: str) -> Path:
+    """The machine cache of latency fits a run sees (``GATEDPRUNE_CACHE``), emptied where its pair starts afresh."""
+    shared = fit in SHARED_CACHE
+    path = runs / "caches" / (f"{PROTOCOLS[protocol][0]}{fit}" if shared else name_of(protocol, fit, load))
+    if not shared or load == LOADS[0]:
+        shutil.rmtree(path, ignore_errors=True)
+    return path
+
+
 def run_one(fit: str, load: str, runs: Path, results: Path, protocol: str = "first_layers") -> dict:
     name = name_of(protocol, fit, load)
     command = [recovery._python(), str(ROOT / "train.py"), *args(fit, load, runs, protocol)]
     start = time.time()
     results.mkdir(parents=True, exist_ok=True)
+    cache = machine_cache(fit, load, runs, protocol)
     said = {"name": name, "protocol": protocol, "fit": fit, "load": load,
-            "command": recovery._shown(command[1:], runs)}
+            "command": f"GATEDPRUNE_CACHE={recovery._shown([str(cache)], runs)} "
+                       f"{recovery._shown(command[1:], runs)}"}
     with busy_core(load == "busy"):
         try:
-            recovery._run(command, runs / f"{name}.log")
+            recovery._run(command, runs / f"{name}.log", env={"GATEDPRUNE_CACHE": str(cache)})
         except subprocess.CalledProcessError:  # a refusal (a fit that misses its probes, a depth too deep) is a result
             lines = (runs / f"{name}.log").read_text().splitlines()
             refused = next((line for line in reversed(lines) if line.startswith("error: ")), None)
@@ -102,7 +120,7 @@ def run_one(fit: str, load: str, runs: Path, results: Path, protocol: str = "fir
     probes = []
     if costs.get("path"):
         probes = json.loads(Path(costs["path"]).read_text()).get("probes", [])
-    record = {**said, "costs": {k: costs.get(k) for k in ("source", "fit_error", "base", "coefficients")},
+    record = {**said, "costs": {k: costs.get(k) for k in ("source", "fit_error", "base", "coefficients", "path")},
               "probes": [{k: p.get(k) for k in ("probe", "seconds", "timings", "predicted")} for p in probes],
               "plan": plan_of(report), "kept": metrics["kept"], "predicted": report["predicted"],
               "budget": metrics.get("budget"),  # the expected cost at the end and the export's
@@ -162,8 +180,10 @@ def main(argv: list[str] | None = None) -> int:
                  "second process spinning on one core, then without; the fit's costs, and how many structures the two "
                  "exports' plans differ in. first_layers: today's default (pruning=first_layers, 300 gated steps); "
                  "preset: the default before it (pruning=speed, 100 gated steps). Fits: measured at set-up as a run "
-                 "makes it (measured), measured until it misses its probes by 5% at most (measured_5pct: "
-                 "pruning.workload.fit_tolerance=0.05, fit_attempts=15), or the kept table (table).",
+                 "makes it, each run its own (measured), measured until it misses its probes by 5% at most "
+                 "(measured_5pct: pruning.workload.fit_tolerance=0.05, fit_attempts=15), measured by the busy run "
+                 "and kept in the machine's cache for the quiet one (measured_once: a run with no table since "
+                 "2026-12-06), or the kept table (table).",
                  table(args_.results))
     return 0
 

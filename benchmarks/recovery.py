@@ -316,9 +316,9 @@ def _python() -> str:
     return str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
 
 
-def _run(args: list[str], log: Path) -> None:
+def _run(args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "WANDB_MODE": "offline"}
+           "WANDB_MODE": "offline", **(env or {})}
     log.parent.mkdir(parents=True, exist_ok=True)
     print(" ".join(args), flush=True)
     with log.open("a") as out:

@@ -24,6 +24,15 @@ from families import FAMILIES, tiny_model  # noqa: E402
 torch.set_num_threads(1)  # tiny matrices: extra threads only wait on each other (16 ms per linear on a busy 2-core box)
 
 
+@pytest.fixture(autouse=True)
+def machine_cache(tmp_path_factory, monkeypatch) -> Path:
+    """Each test its own machine cache of latency fits (``costs.table.machine_dir``): a fit a test timed with a fake
+    timer is no other test's, nor the user's. The commands a test starts inherit it."""
+    path = tmp_path_factory.mktemp("machine-cache")
+    monkeypatch.setenv("GATEDPRUNE_CACHE", str(path))
+    return path
+
+
 @pytest.fixture(params=FAMILIES)
 def family(request) -> str:
     return request.param

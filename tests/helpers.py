@@ -20,10 +20,11 @@ def offline_env(**extra: str) -> dict[str, str]:
 
 
 def run_train(run_dir: Path, *overrides: str, flags=(), cwd: Path | None = None, timeout: int = 300,
-              prefix=()) -> subprocess.CompletedProcess:
+              prefix=(), env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``python train.py <flags> experiment=smoke hydra.run.dir=<run_dir> <overrides>`` to its end.
 
     ``prefix``: Python statements run before train.py (as ``python -c``), e.g. to break something on purpose.
+    ``env``: variables set for it besides the offline ones.
     """
     args = [*flags, "experiment=smoke", f"hydra.run.dir={run_dir}", *overrides]
     if prefix:
@@ -32,8 +33,8 @@ def run_train(run_dir: Path, *overrides: str, flags=(), cwd: Path | None = None,
         command = [sys.executable, "-c", script]
     else:
         command = [sys.executable, str(ROOT / "train.py"), *args]
-    return subprocess.run(command, capture_output=True, text=True, env=offline_env(), cwd=cwd or run_dir.parent,
-                          timeout=timeout)
+    return subprocess.run(command, capture_output=True, text=True, env=offline_env(**(env or {})),
+                          cwd=cwd or run_dir.parent, timeout=timeout)
 
 
 # seconds per structure of each kind, and per generate() call, that the fake latency timer charges: a test never

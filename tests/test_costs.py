@@ -208,10 +208,64 @@ def test_latency_is_cached_beside_the_checkpoint_and_reused(bart3, tmp_path):
     assert len(list(tmp_path.glob("latency-*.json"))) == 2
 
 
+def _skewed_timer():
+    """The fake clock with a decoder layer 10 ms dearer: a second run on a machine under another load, whose fit
+    (exact, as the clock is additive) prices the decoder layer otherwise."""
+    plain = fake_timer()
+
+    def timer(models, workload):
+        return [t + 0.01 * bart_structures(m)["decoder_layer"] for t, m in zip(plain(models, workload), models)]
+
+    timer.calls = plain.calls
+    return timer
+
+
+def test_a_fit_timed_here_prices_every_later_run_on_this_machine(bart3, tmp_path, machine_cache, capsys):
+    first, info = latency_cost(bart3, WORKLOAD, [tmp_path / "run1"], fake_timer())
+    kept = machine_cache / "latency" / Path(info["path"]).name
+    assert info["source"] == "measured" and info["path"] == str(tmp_path / "run1" / kept.name) and kept.is_file()
+    assert f"note: this latency fit prices every later run of this model's shapes and workload on this machine " \
+           f"({kept}; delete it to time the probes again)" in capsys.readouterr().out
+    # a second run in another directory, its machine under another load: the first run's fit, nothing timed
+    skewed = _skewed_timer()
+    again, info = latency_cost(bart3, WORKLOAD, [tmp_path / "run2"], skewed)
+    assert skewed.calls == [] and again == first and info["source"] == "cache" and info["path"] == str(kept)
+    assert f"latency fit: {kept}, timed earlier on this machine (" in capsys.readouterr().out
+    # deleted, the probes are timed again: this run's own timings would have priced the decoder layer 10 ms dearer
+    kept.unlink()
+    fresh, info = latency_cost(bart3, WORKLOAD, [tmp_path / "run3"], skewed)
+    assert info["source"] == "measured" and skewed.calls == [15] and kept.is_file()
+    assert fresh.coefficients["decoder_layer"] == pytest.approx(first.coefficients["decoder_layer"] + 0.01)
+    # another workload is another key: timed, not priced by this one
+    _, info = latency_cost(bart3, Workload(**{**WORKLOAD.__dict__, "batch": 4}), [], skewed)
+    assert info["source"] == "measured" and len(skewed.calls) == 2 and info["path"].startswith(str(kept.parent))
+
+
+def test_a_fit_that_cannot_be_kept_says_the_next_run_may_price_otherwise(bart3, tmp_path, monkeypatch, capsys):
+    (tmp_path / "a file").write_text("")
+    monkeypatch.setenv("GATEDPRUNE_CACHE", str(tmp_path / "a file"))  # a cache that cannot be made
+    _, info = latency_cost(bart3, WORKLOAD, [], fake_timer())
+    out = capsys.readouterr().out
+    assert info["source"] == "measured" and info["path"] is None
+    assert f"note: the latency fit is not cached in {tmp_path / 'a file' / 'latency'} (" in out
+    assert "could not be kept for the next run" in out and "note: this latency fit prices" not in out
+
+
+def test_the_machine_cache_is_where_the_environment_says(monkeypatch, tmp_path):
+    monkeypatch.setenv("GATEDPRUNE_CACHE", str(tmp_path / "mine"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert table.machine_dir() == tmp_path / "mine" / "latency"
+    monkeypatch.delenv("GATEDPRUNE_CACHE")
+    assert table.machine_dir() == tmp_path / "xdg" / "gatedprune" / "latency"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert table.machine_dir() == tmp_path / "home" / ".cache" / "gatedprune" / "latency"
+
+
 def test_a_table_from_another_machine_is_used_and_checked(bart3, tmp_path, capsys):
     cost, _ = latency_cost(bart3, WORKLOAD, [tmp_path], fake_timer())
-    # a fit timed here says that another run's may differ, and how to give every run one table
-    assert "For one plan every run, measure a table once (gatedprune-latency" in capsys.readouterr().out
+    # a fit timed here says where it is kept for the next run, and how to give every machine one table
+    assert "For one plan on every machine, measure a table once (gatedprune-latency" in capsys.readouterr().out
     (path,) = tmp_path.glob("latency-*.json")
     data = json.loads(path.read_text())
     data["key"]["device"] = "the user's server"
@@ -222,7 +276,8 @@ def test_a_table_from_another_machine_is_used_and_checked(bart3, tmp_path, capsy
     used, info = latency_cost(bart3, Workload(**{**WORKLOAD.__dict__, "table": str(server)}), [], refused)
     assert used == cost and info == {"source": "table", "path": str(server), "device": "the user's server",
                                      "fit_error": pytest.approx(0, abs=1e-9)}
-    assert "one plan every run" not in capsys.readouterr().out  # a table is that one fit
+    out = capsys.readouterr().out
+    assert "note: this latency fit" not in out and "timed earlier" not in out  # a table is that one fit
     other = prune_heads(copy.deepcopy(bart3), {probe(bart3).layers["decoder"]: [0, 1]})
     with pytest.raises(ValueError, match=r"was measured for shapes structures=.*this run has .*allowed: a table"):
         latency_cost(other, Workload(**{**WORKLOAD.__dict__, "table": str(server)}), [], refused)

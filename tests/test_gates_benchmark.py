@@ -116,12 +116,24 @@ def test_the_plan_pairs_run_today_s_default_and_record_a_refusal_as_a_result(tmp
         assert run.gated_steps == default.gated_steps == 300 and run.finetune.steps == 0
         assert args[-1] == f"hydra.run.dir={tmp_path / f'first_layers_{fit}_busy'}"
     assert compose_train(tmp_path, *bench.args("table", "busy", tmp_path, "preset")).gated_steps == 100
+    # measured_once's pair shares one machine cache, emptied before its busy run only: the quiet run reuses its fit;
+    # every other run times its own in a cache emptied before it
+    for fit in bench.FITS:
+        caches = {}
+        for load in bench.LOADS:
+            caches[load] = bench.machine_cache(fit, load, tmp_path, "first_layers")
+            (caches[load] / "latency").mkdir(parents=True, exist_ok=True)
+            (caches[load] / "latency" / f"{load}.json").write_text("{}")
+        kept = sorted(p.name for p in (caches["quiet"] / "latency").iterdir())
+        assert (caches["busy"] == caches["quiet"]) == (fit == "measured_once")
+        assert kept == (["busy.json", "quiet.json"] if fit == "measured_once" else ["quiet.json"])
+        assert bench.machine_cache(fit, "busy", tmp_path, "first_layers").exists() is False
 
     refusal = ("error: pruning.settle_depth={'decoder': 2} keeps at least 0.69 of the dense model's predicted latency "
                "(those layers alone, every other gated structure removed), above pruning.target_latency=0.67; allowed: "
                "fewer layers, or a target of at least 0.69")
 
-    def refused(command, log):
+    def refused(command, log, env):
         log.write_text(f"set-up\n{refusal}\n")
         raise subprocess.CalledProcessError(1, command)
 
@@ -132,7 +144,7 @@ def test_the_plan_pairs_run_today_s_default_and_record_a_refusal_as_a_result(tmp
     rows = [line for line in bench.table(tmp_path / "results").splitlines() if line.startswith("| first_layers")]
     assert rows == [f"| first_layers | measured | busy | - | - | - | - | - | - | - | refused: {refusal} |"]
 
-    def crashed(command, log):  # a traceback, no one-line refusal: raised, and nothing recorded to be skipped later
+    def crashed(command, log, env):  # a traceback, no one-line refusal: raised, and nothing recorded to be skipped later
         log.write_text("Traceback (most recent call last):\nRuntimeError: boom\n")
         raise subprocess.CalledProcessError(1, command)
 

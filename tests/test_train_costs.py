@@ -58,6 +58,38 @@ LOADED_TIMER = (*FAKE_TIMER[:-1], "timers.TIMERS['torch'] = lambda models, w: [t
                 "enumerate(helpers.fake_timer(models, w))]")
 
 
+# the fake clock with a decoder layer 10 ms dearer: the same machine under another load, as a run's own fit sees it
+SKEWED_TIMER = (*FAKE_TIMER[:-1], "timers.TIMERS['torch'] = lambda models, w: [t + 0.01 * "
+                "helpers.bart_structures(m)['decoder_layer'] for t, m in zip(helpers.fake_timer(models, w), models)]")
+
+
+def _plan(run) -> dict:
+    report = json.loads((run / "pruned" / "export_report.json").read_text())
+    return {part: report[part] for part in ("plan", "plan_units", "plan_layers")}
+
+
+def test_two_runs_on_one_machine_ship_one_plan_from_one_measured_fit(tmp_path, machine_cache):
+    """Item 3 of issue 38 with no table: the first run times the fit, the second (its timings skewed as another load
+    would skew them) is priced by it and ships the same plan; a run that times its own prices the kinds otherwise."""
+    setting = ("pruning=l0_budget", "pruning.target_latency=0.6", EVERY_KIND, *SMALL, "pruning.target_warmup_steps=5")
+    first = run_train(tmp_path / "first", *setting, prefix=FAKE_TIMER)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_train(tmp_path / "second", *setting, prefix=SKEWED_TIMER)
+    assert second.returncode == 0, second.stderr[-3000:]
+    (kept,) = (machine_cache / "latency").glob("latency-*.json")
+    costs = [json.loads((tmp_path / run / "metrics.json").read_text())["costs"] for run in ("first", "second")]
+    assert costs[0]["source"] == "measured" and costs[1]["source"] == "cache" and costs[1]["path"] == str(kept)
+    assert costs[1]["coefficients"] == costs[0]["coefficients"] == pytest.approx(FAKE)
+    assert "timed earlier on this machine" in second.stdout and "measuring latency" not in second.stdout
+    assert _plan(tmp_path / "second") == _plan(tmp_path / "first")
+    # the second run with a machine cache of its own times its probes, and its fit follows its timings
+    own = run_train(tmp_path / "own", *setting, prefix=SKEWED_TIMER, env={"GATEDPRUNE_CACHE": str(tmp_path / "c")})
+    assert own.returncode == 0, own.stderr[-3000:]
+    mine = json.loads((tmp_path / "own" / "metrics.json").read_text())["costs"]
+    assert mine["source"] == "measured"
+    assert mine["coefficients"]["decoder_layer"] == pytest.approx(FAKE["decoder_layer"] + 0.01)
+
+
 def test_a_latency_fit_its_probes_disagree_with_is_refused_in_one_line_before_training(tmp_path):
     run = tmp_path / "run"
     proc = run_train(run, "pruning=l0_budget", "pruning.target_latency=0.6", EVERY_KIND, *SMALL, prefix=LOADED_TIMER)

@@ -1,9 +1,11 @@
 """The cost of a model in one unit (``params``, ``flops``, ``latency``) for a workload, and its gates' under it.
 
 Latency is looked up before it is measured: ``pruning.workload.table`` if given, else a fit cached in one of
-``cache_dirs`` (the directory of the checkpoint a fork starts from, then the run's own checkpoints), else measured
-here (``timer``, default the workload runtime's) and cached in the first that can be written: forks of one
-checkpoint measure once.
+``cache_dirs`` (the directory of the checkpoint a fork starts from, then the run's own checkpoints) or in this
+machine's cache (``table.machine_dir``), else measured here (``timer``, default the workload runtime's) and cached in
+the first of ``cache_dirs`` that can be written and in the machine's cache: forks of one checkpoint measure once,
+and so does a machine, for each model shape and workload. Two runs that each timed their own fit would price the
+kinds by their timings and could ship two plans (docs/gates.md 0c); two runs here ship one.
 """
 
 from __future__ import annotations
@@ -21,11 +23,16 @@ from gatedprune.shipping.export import dense_copy  # the gated model without its
 
 
 # a fit timed at set-up follows the machine's timings (docs/gates.md 0c: on a shared 2-core machine a run's fit put
-# the decoder layer at 0-49% of the latency), and the plan follows the fit
-ONE_PLAN = ("note: a latency fit timed here prices each kind by this run's timings; another run's fit on a shared "
-            "machine prices them otherwise and can ship another plan. For one plan every run, measure a table once "
+# the decoder layer at 0-49% of the latency), and the plan follows the fit: every later run here reuses this one
+ONE_PLAN = ("note: this latency fit prices every later run of this model's shapes and workload on this machine "
+            "({path}; delete it to time the probes again), so they ship one plan. Another machine times its own, "
+            "which prices the kinds otherwise. For one plan on every machine, measure a table once "
             "(gatedprune-latency MODEL_DIR TABLE.json --fit-tolerance 0.05 --fit-attempts 15) and give it to every "
             "run (pruning.workload.table=TABLE.json)")
+NOT_KEPT = ("note: a latency fit timed here prices each kind by this run's timings, and it could not be kept for "
+            "the next run ({error}): another run's fit on a shared machine prices the kinds otherwise and can ship "
+            "another plan. For one plan every run, measure a table once (gatedprune-latency MODEL_DIR TABLE.json "
+            "--fit-tolerance 0.05 --fit-attempts 15) and give it to every run (pruning.workload.table=TABLE.json)")
 
 
 def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = (), timer=None) -> tuple[LinearCost, dict]:
@@ -38,11 +45,14 @@ def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = 
         return cost, _checked({"source": "table", "path": str(workload.table), "device": saved["device"]}, probes,
                               workload)
     name = table.file_name(wanted)
-    for directory in cache_dirs:
+    machine = table.machine_dir()
+    for directory in [*cache_dirs, machine]:
         path = Path(directory) / name
         if path.is_file():
             saved, cost, probes = table.read(path)
             if saved == wanted:  # a hash collision, or an edited file, is measured again
+                print(f"latency fit: {path}, timed earlier on this machine ({saved['device']}); delete it to time "
+                      "the probes again")
                 return cost, _checked({"source": "cache", "path": str(path), "device": saved["device"]}, probes,
                                       workload)
     print(f"measuring latency per structure ({workload.runtime}, batch {workload.batch}, {workload.source_tokens} -> "
@@ -52,16 +62,24 @@ def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = 
             "fit_error": latency.fit_error(probes)}
     print(f"latency fit: {1000 * cost.base:.2f} ms per call plus each structure's cost; its largest error over its "
           f"{len(probes)} probes {info['fit_error']:.1%}")
-    print(ONE_PLAN)
     for directory in cache_dirs:  # the first that takes it: beside the checkpoint forked, else the run's own
-        try:
-            table.save(Path(directory) / name, wanted, cost, probes)
-        except OSError as err:
-            print(f"note: the latency fit is not cached in {directory} ({type(err).__name__}: {err})")
-            continue
-        info["path"] = str(Path(directory) / name)
-        break
+        if _save(Path(directory) / name, wanted, cost, probes) is None:
+            info["path"] = str(Path(directory) / name)
+            break
+    error = _save(machine / name, wanted, cost, probes)
+    print(NOT_KEPT.format(error=error) if error else ONE_PLAN.format(path=machine / name))
+    info["path"] = info["path"] or (None if error else str(machine / name))
     return cost, info
+
+
+def _save(path: Path, key: dict, cost: LinearCost, probes: list[dict]) -> str | None:
+    """Cache a fit at ``path``; None, or why it could not be written (printed)."""
+    try:
+        table.save(path, key, cost, probes)
+    except OSError as err:
+        print(f"note: the latency fit is not cached in {path.parent} ({type(err).__name__}: {err})")
+        return f"{type(err).__name__}: {err}"
+    return None
 
 
 def _checked(info: dict, probes: list[dict], workload: Workload) -> dict:

@@ -1,5 +1,6 @@
-"""Latency fits on disk: ``latency-<key>.json`` beside the checkpoint they were measured for, reused by forks, or a
-table measured on another machine (``gatedprune-latency`` on the user's server, given as ``pruning.workload.table``).
+"""Latency fits on disk: ``latency-<key>.json`` beside the checkpoint they were measured for, reused by forks, and in
+this machine's cache (``machine_dir``), reused by every later run here; or a table measured on another machine
+(``gatedprune-latency`` on the user's server, given as ``pruning.workload.table``).
 
 The key is what the times depend on: the model's shapes (not its weights), the device, the runtime and its version,
 and the workload. A table from elsewhere must match in shapes and workload; its device is the point of it.
@@ -37,6 +38,17 @@ def shapes(model: nn.Module) -> dict:
             "structures": features(model), "head_dims": sizes, "dtype": str(next(model.parameters()).dtype)}
 
 
+def machine_dir() -> Path:
+    """Where a fit measured on this machine is kept for every later run on it: ``$GATEDPRUNE_CACHE/latency``, else
+    ``$XDG_CACHE_HOME/gatedprune/latency``, else ``~/.cache/gatedprune/latency``. Two fits timed on a shared machine
+    price the kinds apart by more than the plan can bear (docs/gates.md 0c), so a machine times each key once, as an
+    autotuner keeps its tuning."""
+    root = os.environ.get("GATEDPRUNE_CACHE")
+    if not root:
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gatedprune"
+    return Path(root) / "latency"
+
+
 def device_name(workload: Workload) -> str:
     """The processor the times are for, e.g. "AMD EPYC 7B13, 2 logical CPUs, 1 thread"."""
     if workload.device == "cuda":
@@ -66,6 +78,7 @@ def file_name(key_: dict) -> str:
 
 
 def save(path: Path, key_: dict, cost: LinearCost, probes: list[dict]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)  # the machine's cache, the first time
     write_json(path, {"gatedprune_latency_table": FORMAT, "key": key_, "unit": "seconds", "base": cost.base,
                       "coefficients": cost.coefficients, "probes": probes})
 
