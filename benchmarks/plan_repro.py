@@ -144,16 +144,17 @@ def table(results: Path) -> str:
                 if r is None:
                     continue
                 if "refused" in r:
-                    rows.append([protocol, fit, r["load"], *["-"] * 7, f"refused: {r['refused']}"])
+                    rows.append([protocol, fit, r["load"], *["-"] * 8, f"refused: {r['refused']}"])
                     continue
                 c = r["costs"]
-                rows.append([protocol, fit, r["load"], f"{c['fit_error']:.1%}" if c["fit_error"] is not None else "-",
+                rows.append([protocol, fit, r["load"], c["source"],
+                             f"{c['fit_error']:.1%}" if c["fit_error"] is not None else "-",
                              f"{1000 * c['base']:.1f}", coefficient(c, "decoder_layer", 1000),
                              coefficient(c, "encoder_layer", 1000), coefficient(c, "decoder_ffn", 1e6),
                              f"{r['predicted']['latency']:.3f}",
                              f"{r['kept'].get('encoder_layer', 'all')} + {r['kept']['decoder_layer']}",
                              plan_difference(pair[0]["plan"], pair[1]["plan"]) if complete else "-"])
-    return markdown_table(["protocol", "fit", "load", "fit error", "base ms", "decoder layer ms", "encoder layer ms",
+    return markdown_table(["protocol", "fit", "load", "fit from", "fit error", "base ms", "decoder layer ms", "encoder layer ms",
                            "decoder FFN unit us", "export latency kept", "layers enc + dec",
                            "structures the two plans differ in"], rows)
 

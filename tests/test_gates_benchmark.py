@@ -142,7 +142,7 @@ def test_the_plan_pairs_run_today_s_default_and_record_a_refusal_as_a_result(tmp
     assert record["refused"] == refusal
     assert json.loads((tmp_path / "results" / "first_layers_measured_busy.json").read_text()) == record
     rows = [line for line in bench.table(tmp_path / "results").splitlines() if line.startswith("| first_layers")]
-    assert rows == [f"| first_layers | measured | busy | - | - | - | - | - | - | - | refused: {refusal} |"]
+    assert rows == [f"| first_layers | measured | busy | - | - | - | - | - | - | - | - | refused: {refusal} |"]
 
     def crashed(command, log, env):  # a traceback, no one-line refusal: raised, and nothing recorded to be skipped later
         log.write_text("Traceback (most recent call last):\nRuntimeError: boom\n")
