@@ -394,6 +394,34 @@ def test_no_fill_is_refused_where_there_is_no_eval_mode_mask_of_a_cost_budget_to
         L0Budget(export_fill="no", target_latency=0.6)
 
 
+@pytest.mark.parametrize("ceiling", [False, True])
+def test_a_ceiling_keeps_the_cost_multiplier_at_or_above_zero_and_nothing_else(bart3, ceiling):
+    """``pruning.target_ceiling``: after each step the cost's lambda1 goes back to >= 0 (a cost under the target
+    then pushes no gate open); lambda2 and the gradients are the Lagrangian's as ever."""
+    model = copy.deepcopy(bart3)
+    gates = _random_gates(model, ALL_KINDS, seed=3)
+    try:
+        gates.set_costs("latency", StructureCosts.of_linear(LinearCost("latency", BASE, TRUE), model, gates))
+        budget = CostBudget(gates, "latency", 0.95, warmup_steps=0, ceiling=ceiling)
+        with torch.no_grad():
+            budget.lambda1.fill_(-2.0)
+            budget.lambda2.fill_(-1.0)
+        budget(1).backward()
+        gap = (budget.expected_fraction() - 0.95).detach()
+        assert gap.item() < 0  # under the target: the ascent lowers lambda1 further
+        torch.testing.assert_close(budget.lambda1.grad, -gap)  # negated: ascent, with or without the ceiling
+        budget.project_()
+        assert budget.lambda1.tolist() == ([0.0] if ceiling else [-2.0]) and budget.lambda2.tolist() == [-1.0]
+        with torch.no_grad():
+            budget.lambda1.fill_(3.0)
+        budget.project_()
+        assert budget.lambda1.tolist() == [3.0]  # above zero: left as it is
+    finally:
+        gates.remove()
+    with pytest.raises(ValueError, match=r"^pruning.target_ceiling='yes'; allowed: true or false$"):
+        L0Budget(target_ceiling="yes", target_latency=0.6)
+
+
 @pytest.mark.parametrize("decoder", ["one layer open", "every layer closed"])
 def test_the_budget_prices_the_deterministic_gates_and_the_export_plan_as_the_models_they_cut(bart3, decoder):
     """``CostBudget.report``: each deterministic mask's cost and the export plan's are those of the models they cut,

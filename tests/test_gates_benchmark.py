@@ -186,6 +186,23 @@ def test_the_default_s_plan_pairs_are_the_committed_records(tmp_path):
                f"{1e3 * c['coefficients']['decoder_layer']:.2f} | {1e3 * c['coefficients']['encoder']:.2f} | "
                f"{1e6 * c['coefficients']['encoder_ffn']:.2f} | {expected:.3f} | ")
         assert row in page, row
+    # one fit per machine: the busy run timed it into the pair's machine cache, the quiet run was priced by it
+    once = [json.loads((bench.RESULTS / f"first_layers_measured_once_{load}.json").read_text()) for load in bench.LOADS]
+    assert [r["costs"]["source"] for r in once] == ["measured", "cache"]
+    assert "/caches/first_layers_measured_once/latency/" in once[1]["costs"]["path"]
+    assert all("GATEDPRUNE_CACHE=RUNS/caches/first_layers_measured_once " in r["command"] for r in once)
+    assert once[0]["costs"]["coefficients"] == once[1]["costs"]["coefficients"]
+    assert bench.plan_difference(once[0]["plan"], once[1]["plan"]) == 0
+    assert "the first beside a busy core, shipped one plan (0 structures apart" in guide
+    assert "**The two runs ship one plan**: 0 structures apart, where two runs that each timed their own fit were " \
+           f"{closer:,} and {apart:,} apart" in page
+    for r, how in zip(once, ("busy: timed it", "quiet: reused it")):
+        c, expected = r["costs"], r["budget"]["latency"]["expected_kept"]
+        row = (f"| {how} | {c['fit_error']:.1%} | {1e3 * c['base']:.1f} | "
+               f"{1e3 * c['coefficients']['decoder_layer']:.2f} | {1e3 * c['coefficients']['encoder']:.2f} | "
+               f"{1e6 * c['coefficients']['encoder_ffn']:.2f} | {expected:.3f} | the fill (the mask missed the "
+               "target) | 0 |")
+        assert row in page and r["budget"]["latency"]["plan_rule"] == "latency", row
 
 
 def test_the_fit_spread_replays_the_fit_a_run_makes_and_gives_each_kind_its_share(tmp_path):
@@ -280,3 +297,35 @@ def test_the_fit_spread_on_the_page_is_the_committed_timings_replayed():
     tight = [rows[(load, "5% tolerance")] for load in ("busy", "quiet")]
     assert f"took {tight[0][1]} and {tight[1][1]} timings and missed their probes by {tight[0][2]} and {tight[1][2]}" \
         in guide
+
+
+def test_the_ceiling_runs_record_the_multiplier_and_compose_the_default_s_gated_phase(tmp_path):
+    """benchmarks/ceiling.py: the default's gated phase (its pruning, the kept table or the busy fit kept beside the
+    records), a trajectory read from the run's own log, and the table's cells from the records."""
+    bench = load_benchmark("ceiling")
+    default = compose_train(tmp_path)
+    for name, (steps, overrides) in bench.RUNS.items():
+        run = compose_train(tmp_path, *bench.args(name, tmp_path))
+        assert run.gated_steps == steps and run.pruning.target_ceiling == ("pruning.target_ceiling=true" in overrides)
+        table = str(bench.BUSY_FIT) if name.startswith("busy_fit") else default.pruning.workload.table
+        assert run.pruning.workload.table == table and run.pruning.target_latency == default.pruning.target_latency
+    log = tmp_path / "run" / "csv"
+    log.mkdir(parents=True)
+    log.joinpath("metrics.csv").write_text("step,train/expected_latency,train/target_latency,train/lambda1,val/bleu\n"
+                                           "99,0.7,0.67,2.5,\n100,,,,12.0\n299,0.6,0.67,-1.25,\n")
+    assert bench.trajectory(tmp_path / "run") == [
+        {"step": 99, "target": 0.67, "expected": 0.7, "lambda1": 2.5},
+        {"step": 299, "target": 0.67, "expected": 0.6, "lambda1": -1.25}]
+    results = tmp_path / "results"
+    results.mkdir()
+    budget = {"latency": {"expected_size_kept": 0.6543, "plan_rule": "expected_size"}}
+    for name, lam in (("base450", -1.25), ("ceil450", 0.0)):
+        command = " ".join(bench.args(name, tmp_path))
+        (results / f"{name}.json").write_text(json.dumps({"command": command, "budget": budget, "trajectory": [
+            {"step": 99, "target": 0.67, "expected": 0.7, "lambda1": 2.5},
+            {"step": 299, "target": 0.67, "expected": 0.6, "lambda1": lam}]}))
+    rows = [line for line in bench.table(results).splitlines() if line.startswith("| as") or line.startswith("| the")]
+    assert rows == ["| as the default, the kept table | 0.700 / 2.5 | - | - | 0.600 / -1.2 | - | - | - | - | 0.654 | "
+                    "expected_size |",
+                    "| the target a ceiling, the kept table | 0.700 / 2.5 | - | - | 0.600 / 0.0 | - | - | - | - | 0.654 | "
+                    "expected_size |"]

@@ -53,6 +53,24 @@ def test_a_latency_target_is_measured_cached_and_met(tmp_path):
     assert all(0 < float(r["train/expected_latency"]) <= 1 for r in rows)
 
 
+@pytest.mark.parametrize("ceiling", ["false", "true"])
+def test_a_ceiling_target_keeps_lambda1_at_or_above_zero_through_training(tmp_path, ceiling):
+    """With the target ramping down from the dense cost, the cost sits under the ramp at first and lambda1 sinks
+    below zero; pruning.target_ceiling=true holds it at zero instead, at every logged step."""
+    run = tmp_path / "run"
+    proc = run_train(run, "pruning=l0_budget", "pruning.target_latency=0.6", EVERY_KIND, *SMALL,
+                     "pruning.target_warmup_steps=20", "pruning.lagrangian_lr=0.5", f"pruning.target_ceiling={ceiling}",
+                     "export.enabled=false", prefix=FAKE_TIMER)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lambdas = [float(r["train/lambda1"]) for r in csv.DictReader(open(run / "csv" / "metrics.csv"))
+               if r.get("train/lambda1")]
+    assert lambdas
+    if ceiling == "true":
+        assert min(lambdas) >= 0 and max(lambdas) > 0  # held at zero under the target, raised above it
+    else:
+        assert min(lambdas) < 0
+
+
 # every odd probe timed twice as long as its structures cost, at every timing: a load no additive fit explains
 LOADED_TIMER = (*FAKE_TIMER[:-1], "timers.TIMERS['torch'] = lambda models, w: [t * (2 if j % 2 else 1) for j, t in "
                 "enumerate(helpers.fake_timer(models, w))]")

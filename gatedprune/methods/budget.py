@@ -139,8 +139,12 @@ class CostBudget(_Lagrangian):
     WHAT = {"params": "non-embedding parameters", "flops": "FLOPs", "latency": "predicted latency"}
 
     def __init__(self, gates: HeadGates, unit: str, target: float, warmup_steps: int, gates_nothing: bool = False,
-                 ships: str | None = None):
+                 ships: str | None = None, ceiling: bool = False):
         super().__init__()
+        # ceiling: lambda1 >= 0 after every step, the target an upper bound. Under Adam lambda1 moves by about its
+        # learning rate each step whatever the gap, so while the cost sits just under the target it sinks below zero
+        # and later pushes the gates open all at once (docs/gates.md 0c)
+        self.ceiling = ceiling
         # None: the export fills the target with the most open structures; a plan mode (the gated model's own mask in
         # eval mode): the export ships that mask wherever it fits the target (``export_rule``)
         self.ships = ships
@@ -214,3 +218,10 @@ class CostBudget(_Lagrangian):
     def forward(self, gated_step: int) -> torch.Tensor:
         gap = self.expected_fraction() - self.target_fraction(gated_step).to(self.lambda1.device)  # (1,)
         return self._lagrangian(gap)
+
+    @torch.no_grad()
+    def project_(self) -> None:
+        """After each optimiser step: with ``ceiling``, the cost's lambda1 back to >= 0 (the layer ties' stay free:
+        they are equalities)."""
+        if self.ceiling:
+            self.lambda1[: len(self.groups)].clamp_(min=0)

@@ -275,6 +275,9 @@ class L0Budget(GatedPruning):
     cost_dir: str | None = None  # where a latency fit is cached (the run's checkpoints): reused by forks
     target_warmup_steps: int = 100  # gated steps over which the target ramps from all heads to its value
     lagrangian_lr: float = 0.05
+    # a cost budget's target as an upper bound: its lambda1 kept >= 0, so a cost under the target never pushes the
+    # gates open (docs/gates.md 0c)
+    target_ceiling: bool = False
     # a cost budget's export: true, the most open structures that fit the target; false, the gated model's own
     # eval-mode mask (eval_gate_mode: binary or expected_size) wherever it fits the target, so the export is the
     # model validated (the fill where it does not fit)
@@ -297,6 +300,8 @@ class L0Budget(GatedPruning):
             raise ValueError(f"pruning.workload.table={self.workload.table} is a latency fit, which only "
                              "pruning.target_latency uses; allowed: with target_latency, or table null")
         self.cost_dirs = [Path(self.cost_dir)] if self.cost_dir else []
+        if not isinstance(self.target_ceiling, bool):
+            raise ValueError(f"pruning.target_ceiling={self.target_ceiling!r}; allowed: true or false")
         if not isinstance(self.export_fill, bool):
             raise ValueError(f"pruning.export_fill={self.export_fill!r}; allowed: true or false")
         if not self.export_fill and self.cost_unit is None:
@@ -323,7 +328,7 @@ class L0Budget(GatedPruning):
             self.cost_source = gate_costs(unit, model, gates, self.workload, self.cost_dirs)
             dense_run = self._gated_steps is not None and self._gated_steps < 1  # its floor cuts nothing: no refusal
             budget = CostBudget(gates, unit, getattr(self, f"target_{unit}"), self.target_warmup_steps, dense_run,
-                                ships=None if self.export_fill else self.eval_gate_mode)
+                                ships=None if self.export_fill else self.eval_gate_mode, ceiling=self.target_ceiling)
             if not dense_run:
                 check_depth_fits(self.settle_depth, gates, budget)
             return budget

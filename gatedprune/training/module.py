@@ -194,6 +194,8 @@ class GatedSeq2Seq(L.LightningModule):
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         self.gates.clamp_()
+        if hasattr(self.budget, "project_"):  # a cost budget's multipliers kept where its rules allow
+            self.budget.project_()
 
     def configure_optimizers(self):
         maps = list(self.layer_maps.parameters()) if self.layer_maps is not None else []  # last of the model's group
