@@ -329,3 +329,43 @@ def test_the_ceiling_runs_record_the_multiplier_and_compose_the_default_s_gated_
                     "expected_size |",
                     "| the target a ceiling, the kept table | 0.700 / 2.5 | - | - | 0.600 / 0.0 | - | - | - | - | 0.654 | "
                     "expected_size |"]
+
+
+def test_the_ceiling_page_table_is_the_committed_records():
+    """docs/gates.md 0k: the table is remade from the records, and the records say what the page says of them."""
+    bench = load_benchmark("ceiling")
+    text = bench.PAGE.read_text()
+    block = text.split("<!-- ceiling table -->\n")[1].split("\n<!-- end ")[0]
+    assert block == bench.table(bench.RESULTS).strip() + "\n", "run benchmarks/ceiling.py table"
+    base, ceiling = (json.loads((bench.RESULTS / f"{n}.json").read_text())["trajectory"] for n in ("base450", "ceil450"))
+    at = {p["step"]: p for p in base}
+    assert at[299]["lambda1"] < 0 and at[339]["expected"] > at[299]["expected"] + 0.1  # wound below zero, reopened
+    assert min(p["lambda1"] for p in ceiling) >= 0
+    late = [p["expected"] for p in ceiling if p["step"] >= 199]
+    assert max(late) - min(late) < 0.02 and max(late) <= 0.67  # held under the target from step 199 on
+    trough = [at[s] for s in range(139, 300, 20)]
+    page = " ".join(text.split())
+    assert (f"From step 139 to 299 the expected cost held {min(p['expected'] for p in trough):.3f}-"
+            f"{max(p['expected'] for p in trough):.3f}, while lambda1 fell from {at[139]['lambda1']:.1f} to "
+            f"{at[299]['lambda1']:.1f}").replace(", while", ", 2.8-5.2% under the target, while") in page
+    assert f"{at[339]['expected']:.3f} at step 339" in page and f"{at[439]['expected']:.3f} at step 439" in page
+
+
+def test_the_busy_fit_with_a_ceiling_meets_the_target_the_pair_missed():
+    """docs/gates.md 0k: the measured_once pair's busy fit, kept as a table, prices the ceiling's run; it ends
+    within 3% of the target with the mask shipped, where the pair ended 13% over and filled."""
+    bench, pairs = load_benchmark("ceiling"), load_benchmark("plan_repro")
+    record = json.loads((bench.RESULTS / "busy_fit_ceil300.json").read_text())
+    pair = json.loads((pairs.RESULTS / "first_layers_measured_once_busy.json").read_text())
+    fit = json.loads(bench.BUSY_FIT.read_text())
+    assert fit["coefficients"] == pair["costs"]["coefficients"] and fit["base"] == pair["costs"]["base"]
+    assert f"pruning.workload.table={bench.BUSY_FIT.relative_to(bench.ROOT)}" in record["command"]
+    ours, theirs = record["budget"]["latency"], pair["budget"]["latency"]
+    assert abs(ours["expected_kept"] / 0.67 - 1) < 0.03 and abs(ours["expected_size_kept"] / 0.67 - 1) < 0.03
+    assert ours["plan_rule"] == "expected_size" and theirs["plan_rule"] == "latency"
+    assert theirs["expected_kept"] > 0.67 * 1.1
+    later = [p["expected"] for p in record["trajectory"] if p["step"] >= 99]
+    page = " ".join(bench.PAGE.read_text().split())
+    assert (f"the cost ended at {ours['expected_kept']:.3f}, 0.2% under the target, where the pair ended at "
+            f"{theirs['expected_kept']:.3f}") in page
+    assert f"the cost stayed within {min(later):.3f}-{max(later):.3f}" in page
