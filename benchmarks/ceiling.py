@@ -13,12 +13,12 @@ skipped, one whose directory already holds its log is read, not trained again.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import plan_repro  # noqa: E402  (a run's logged trajectory)
 import recovery  # noqa: E402  (how a run is started)
 from common import ROOT, machine, write_readme  # noqa: E402
 
@@ -41,27 +41,22 @@ def args(name: str, runs: Path) -> list[str]:
             "seed=1234", f"hydra.run.dir={runs / name}", *overrides]
 
 
-def trajectory(run: Path) -> list[dict]:
-    """Every logged gated step: the step, the ramped target, the expected kept latency and lambda1."""
-    rows = [r for r in csv.DictReader(open(run / "csv" / "metrics.csv")) if r.get("train/expected_latency")]
-    return [{"step": int(r["step"]), "target": float(r["train/target_latency"]),
-             "expected": float(r["train/expected_latency"]), "lambda1": float(r["train/lambda1"])} for r in rows]
-
-
 def run_one(name: str, runs: Path, results: Path) -> dict:
     command = [recovery._python(), str(ROOT / "train.py"), *args(name, runs)]
     if not (runs / name / "metrics.json").is_file():
         recovery._run(command, runs / f"{name}.log", env={"OMP_NUM_THREADS": "1"})
     metrics = json.loads((runs / name / "metrics.json").read_text())
-    record = {"name": name, "command": recovery._shown(command[1:], runs), "trajectory": trajectory(runs / name),
-              "budget": metrics["budget"], "kept": metrics["kept"], "machine": machine()}
+    record = {"name": name, "command": recovery._shown(command[1:], runs),
+              "trajectory": plan_repro.trajectory(runs / name), "budget": metrics["budget"], "kept": metrics["kept"],
+              "machine": machine()}
     results.mkdir(parents=True, exist_ok=True)
     (results / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
 
 
 def table(results: Path) -> str:
-    records = [json.loads((results / f"{name}.json").read_text()) for name in RUNS if (results / f"{name}.json").is_file()]
+    paths = [results / f"{name}.json" for name in RUNS]
+    records = [json.loads(path.read_text()) for path in paths if path.is_file()]
     rows = []
     for r in records:
         at = {p["step"]: p for p in r["trajectory"]}

@@ -18,6 +18,7 @@ plan, or the line a run refused with; ``table`` compares each pair. A run alread
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import shutil
 import subprocess
@@ -71,6 +72,13 @@ def busy_core(on: bool):
             spinner.wait()
 
 
+def trajectory(run: Path) -> list[dict]:
+    """Every logged gated step of a run: the step, the ramped target, the expected kept latency and lambda1."""
+    rows = [r for r in csv.DictReader(open(run / "csv" / "metrics.csv")) if r.get("train/expected_latency")]
+    return [{"step": int(r["step"]), "target": float(r["train/target_latency"]),
+             "expected": float(r["train/expected_latency"]), "lambda1": float(r["train/lambda1"])} for r in rows]
+
+
 def plan_of(report: dict) -> dict[str, list[int]]:
     """Every site's kept structures in one mapping, from an export report: heads (``plan``: kind -> site -> heads),
     FFN units (``plan_units``: kind -> site -> units) and layers (``plan_layers``: stack -> layers)."""
@@ -120,10 +128,12 @@ def run_one(fit: str, load: str, runs: Path, results: Path, protocol: str = "fir
     probes = []
     if costs.get("path"):
         probes = json.loads(Path(costs["path"]).read_text()).get("probes", [])
+    costs = {**costs, "path": recovery._shown([costs["path"]], runs) if costs.get("path") else None}
     record = {**said, "costs": {k: costs.get(k) for k in ("source", "fit_error", "base", "coefficients", "path")},
               "probes": [{k: p.get(k) for k in ("probe", "seconds", "timings", "predicted")} for p in probes],
               "plan": plan_of(report), "kept": metrics["kept"], "predicted": report["predicted"],
               "budget": metrics.get("budget"),  # the expected cost at the end and the export's
+              "trajectory": trajectory(run),
               "wall_s": round(time.time() - start, 1), "machine": machine()}
     (results / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
@@ -154,7 +164,8 @@ def table(results: Path) -> str:
                              f"{r['predicted']['latency']:.3f}",
                              f"{r['kept'].get('encoder_layer', 'all')} + {r['kept']['decoder_layer']}",
                              plan_difference(pair[0]["plan"], pair[1]["plan"]) if complete else "-"])
-    return markdown_table(["protocol", "fit", "load", "fit from", "fit error", "base ms", "decoder layer ms", "encoder layer ms",
+    return markdown_table(["protocol", "fit", "load", "fit from", "fit error", "base ms", "decoder layer ms",
+                           "encoder layer ms",
                            "decoder FFN unit us", "export latency kept", "layers enc + dec",
                            "structures the two plans differ in"], rows)
 

@@ -189,6 +189,7 @@ def test_a_machine_loaded_at_every_timing_refuses_to_fit_and_caches_nothing(bart
         f"the latency fit misses its probe {worst!r} by {max(errors):.0%} after 3 timings of its probes "
         "(pruning.workload.fit_tolerance=0.2)")
     assert "pruning.workload.table=" in message and list(tmp_path.iterdir()) == []  # nothing cached
+    assert not table.machine_dir().exists()  # nor in the machine's cache
 
 
 def test_a_timer_that_returns_nonsense_is_refused(bart3):
@@ -231,6 +232,7 @@ def test_a_fit_timed_here_prices_every_later_run_on_this_machine(bart3, tmp_path
     again, info = latency_cost(bart3, WORKLOAD, [tmp_path / "run2"], skewed)
     assert skewed.calls == [] and again == first and info["source"] == "cache" and info["path"] == str(kept)
     assert f"latency fit: {kept}, timed earlier on this machine (" in capsys.readouterr().out
+    assert table.read(tmp_path / "run2" / kept.name)[1] == first  # beside run2's checkpoints too: its forks reuse it
     # deleted, the probes are timed again: this run's own timings would have priced the decoder layer 10 ms dearer
     kept.unlink()
     fresh, info = latency_cost(bart3, WORKLOAD, [tmp_path / "run3"], skewed)
@@ -239,6 +241,35 @@ def test_a_fit_timed_here_prices_every_later_run_on_this_machine(bart3, tmp_path
     # another workload is another key: timed, not priced by this one
     _, info = latency_cost(bart3, Workload(**{**WORKLOAD.__dict__, "batch": 4}), [], skewed)
     assert info["source"] == "measured" and len(skewed.calls) == 2 and info["path"].startswith(str(kept.parent))
+
+
+def test_the_machine_cache_times_again_what_it_cannot_trust(bart3, tmp_path, machine_cache, capsys):
+    """A file in the machine's cache that does not read, or a fit looser than this run's tolerance, is timed again
+    and replaced; a fit beside a checkpoint is kept in the machine's cache where it has none."""
+    first, info = latency_cost(bart3, WORKLOAD, [], fake_timer())
+    kept = Path(info["path"])
+    kept.write_text("{")  # damaged
+    timer = fake_timer()
+    again, info = latency_cost(bart3, WORKLOAD, [], timer)
+    assert info["source"] == "measured" and timer.calls == [15] and again == first
+    assert f"note: {kept} is not a latency fit gatedprune can read (" in capsys.readouterr().out
+    saved = json.loads(kept.read_text())
+    saved["probes"][3]["seconds"] = saved["probes"][3]["predicted"] / 1.1  # a fit 10% off its probes
+    kept.write_text(json.dumps(saved))
+    loose = Workload(**{**WORKLOAD.__dict__, "fit_tolerance": 0.2})
+    _, info = latency_cost(bart3, loose, [], timer)  # within this run's tolerance: reused
+    assert info["source"] == "cache" and timer.calls == [15]
+    tight = Workload(**{**WORKLOAD.__dict__, "fit_tolerance": 0.05})  # not part of the key: the same file
+    _, info = latency_cost(bart3, tight, [], timer)
+    assert info["source"] == "measured" and timer.calls == [15, 15] and info["path"] == str(kept)
+    assert "misses its probes by up to 10%, above pruning.workload.fit_tolerance=0.05" in capsys.readouterr().out
+    assert latency.fit_error(json.loads(kept.read_text())["probes"]) == pytest.approx(0, abs=1e-9)  # replaced
+    # a fit beside a checkpoint, none in the machine's cache: reused, and kept there for the later runs
+    kept.unlink()
+    table.save(tmp_path / "ckpt" / kept.name, table.key(bart3, WORKLOAD), first, [])
+    _, info = latency_cost(bart3, WORKLOAD, [tmp_path / "ckpt"], timer)
+    assert info["source"] == "cache" and len(timer.calls) == 2 and table.read(kept)[1] == first
+    assert f"latency fit: {tmp_path / 'ckpt' / kept.name}, kept beside the checkpoint (" in capsys.readouterr().out
 
 
 def test_a_fit_that_cannot_be_kept_says_the_next_run_may_price_otherwise(bart3, tmp_path, monkeypatch, capsys):
@@ -420,6 +451,8 @@ def test_a_ceiling_keeps_the_cost_multiplier_at_or_above_zero_and_nothing_else(b
         gates.remove()
     with pytest.raises(ValueError, match=r"^pruning.target_ceiling='yes'; allowed: true or false$"):
         L0Budget(target_ceiling="yes", target_latency=0.6)
+    with pytest.raises(ValueError, match=r"^pruning.target_ceiling=true with a head budget \(no cost target\)"):
+        L0Budget(target_ceiling=True, target_heads=0.5)
 
 
 @pytest.mark.parametrize("decoder", ["one layer open", "every layer closed"])

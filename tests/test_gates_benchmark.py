@@ -134,6 +134,7 @@ def test_the_plan_pairs_run_today_s_default_and_record_a_refusal_as_a_result(tmp
                "fewer layers, or a target of at least 0.69")
 
     def refused(command, log, env):
+        assert env == {"GATEDPRUNE_CACHE": str(tmp_path / "caches" / "first_layers_measured_busy")}
         log.write_text(f"set-up\n{refusal}\n")
         raise subprocess.CalledProcessError(1, command)
 
@@ -144,7 +145,7 @@ def test_the_plan_pairs_run_today_s_default_and_record_a_refusal_as_a_result(tmp
     rows = [line for line in bench.table(tmp_path / "results").splitlines() if line.startswith("| first_layers")]
     assert rows == [f"| first_layers | measured | busy | - | - | - | - | - | - | - | - | refused: {refusal} |"]
 
-    def crashed(command, log, env):  # a traceback, no one-line refusal: raised, and nothing recorded to be skipped later
+    def crashed(command, log, env):  # a traceback, no one-line refusal: raised, nothing recorded to be skipped later
         log.write_text("Traceback (most recent call last):\nRuntimeError: boom\n")
         raise subprocess.CalledProcessError(1, command)
 
@@ -313,7 +314,7 @@ def test_the_ceiling_runs_record_the_multiplier_and_compose_the_default_s_gated_
     log.mkdir(parents=True)
     log.joinpath("metrics.csv").write_text("step,train/expected_latency,train/target_latency,train/lambda1,val/bleu\n"
                                            "99,0.7,0.67,2.5,\n100,,,,12.0\n299,0.6,0.67,-1.25,\n")
-    assert bench.trajectory(tmp_path / "run") == [
+    assert bench.plan_repro.trajectory(tmp_path / "run") == [
         {"step": 99, "target": 0.67, "expected": 0.7, "lambda1": 2.5},
         {"step": 299, "target": 0.67, "expected": 0.6, "lambda1": -1.25}]
     results = tmp_path / "results"
@@ -325,10 +326,9 @@ def test_the_ceiling_runs_record_the_multiplier_and_compose_the_default_s_gated_
             {"step": 99, "target": 0.67, "expected": 0.7, "lambda1": 2.5},
             {"step": 299, "target": 0.67, "expected": 0.6, "lambda1": lam}]}))
     rows = [line for line in bench.table(results).splitlines() if line.startswith("| as") or line.startswith("| the")]
-    assert rows == ["| as the default, the kept table | 0.700 / 2.5 | - | - | 0.600 / -1.2 | - | - | - | - | 0.654 | "
-                    "expected_size |",
-                    "| the target a ceiling, the kept table | 0.700 / 2.5 | - | - | 0.600 / 0.0 | - | - | - | - | 0.654 | "
-                    "expected_size |"]
+    cells = "| - | - | - | - | 0.654 | expected_size |"
+    assert rows == [f"| as the default, the kept table | 0.700 / 2.5 | - | - | 0.600 / -1.2 {cells}",
+                    f"| the target a ceiling, the kept table | 0.700 / 2.5 | - | - | 0.600 / 0.0 {cells}"]
 
 
 def test_the_ceiling_page_table_is_the_committed_records():
@@ -337,7 +337,8 @@ def test_the_ceiling_page_table_is_the_committed_records():
     text = bench.PAGE.read_text()
     block = text.split("<!-- ceiling table -->\n")[1].split("\n<!-- end ")[0]
     assert block == bench.table(bench.RESULTS).strip() + "\n", "run benchmarks/ceiling.py table"
-    base, ceiling = (json.loads((bench.RESULTS / f"{n}.json").read_text())["trajectory"] for n in ("base450", "ceil450"))
+    base, ceiling = (json.loads((bench.RESULTS / f"{n}.json").read_text())["trajectory"]
+                     for n in ("base450", "ceil450"))
     at = {p["step"]: p for p in base}
     assert at[299]["lambda1"] < 0 and at[339]["expected"] > at[299]["expected"] + 0.1  # wound below zero, reopened
     assert min(p["lambda1"] for p in ceiling) >= 0

@@ -5,7 +5,11 @@ Latency is looked up before it is measured: ``pruning.workload.table`` if given,
 machine's cache (``table.machine_dir``), else measured here (``timer``, default the workload runtime's) and cached in
 the first of ``cache_dirs`` that can be written and in the machine's cache: forks of one checkpoint measure once,
 and so does a machine, for each model shape and workload. Two runs that each timed their own fit would price the
-kinds by their timings and could ship two plans (docs/gates.md 0c); two runs here ship one.
+kinds by their timings and could ship two plans (docs/gates.md 0c); a run started after another's set-up here is
+priced by that one's fit (two started at once each time their own). A fit found beside a checkpoint comes first and
+is kept in the machine's cache where it has none; one found in the machine's cache is kept beside the checkpoint,
+for its forks and resumes. The machine's cache times again a file it cannot read, or a fit that misses its probes
+by more than this run's ``fit_tolerance``.
 """
 
 from __future__ import annotations
@@ -48,13 +52,17 @@ def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = 
     machine = table.machine_dir()
     for directory in [*cache_dirs, machine]:
         path = Path(directory) / name
-        if path.is_file():
-            saved, cost, probes = table.read(path)
-            if saved == wanted:  # a hash collision, or an edited file, is measured again
-                print(f"latency fit: {path}, timed earlier on this machine ({saved['device']}); delete it to time "
-                      "the probes again")
-                return cost, _checked({"source": "cache", "path": str(path), "device": saved["device"]}, probes,
-                                      workload)
+        found = _cached(path, wanted, workload, in_machine=directory == machine)
+        if found is not None:
+            cost, probes, device = found
+            # kept where the next run looks first too: beside the checkpoint (its forks and resumes), and in the
+            # machine's cache (later runs of this key here)
+            _keep([Path(d) / name for d in cache_dirs], path, wanted, cost, probes)
+            if directory != machine and not (machine / name).is_file():
+                _save(machine / name, wanted, cost, probes)
+            where = "timed earlier on this machine" if directory == machine else "kept beside the checkpoint"
+            print(f"latency fit: {path}, {where} ({device}); delete it to time the probes again")
+            return cost, _checked({"source": "cache", "path": str(path), "device": device}, probes, workload)
     print(f"measuring latency per structure ({workload.runtime}, batch {workload.batch}, {workload.source_tokens} -> "
           f"{workload.target_tokens} tokens, beams {workload.num_beams}, {wanted['device']})")
     cost, probes = latency.fit_latency(dense_copy(model), workload, timer or TIMERS[workload.runtime])
@@ -70,6 +78,37 @@ def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = 
     print(NOT_KEPT.format(error=error) if error else ONE_PLAN.format(path=machine / name))
     info["path"] = info["path"] or (None if error else str(machine / name))
     return cost, info
+
+
+def _cached(path: Path, wanted: dict, workload: Workload, in_machine: bool):
+    """(cost, probes, device) of the fit cached at ``path`` for this key, or None: no file, another key (a hash
+    collision, an edited file), or, in the machine's cache, a file that does not read or a fit that misses its probes
+    by more than this run's ``fit_tolerance`` (a run with a looser one timed it): those are timed again."""
+    if not path.is_file():
+        return None
+    try:
+        saved, cost, probes = table.read(path)
+    except ValueError as err:
+        if not in_machine:
+            raise
+        print(f"note: {path} is not a latency fit gatedprune can read ({err}); timing the probes again")
+        return None
+    if saved != wanted:
+        return None
+    if in_machine and probes and latency.fit_error(probes) > workload.fit_tolerance:
+        print(f"note: the latency fit {path} misses its probes by up to {latency.fit_error(probes):.0%}, above "
+              f"pruning.workload.fit_tolerance={workload.fit_tolerance:g}; timing the probes again")
+        return None
+    return cost, probes, saved["device"]
+
+
+def _keep(paths: list[Path], found: Path, key: dict, cost: LinearCost, probes: list[dict]) -> None:
+    """The fit found at ``found`` also in the first of ``paths`` that takes it, unless one of them has it already."""
+    if any(path.is_file() for path in paths) or found in paths:
+        return
+    for path in paths:
+        if _save(path, key, cost, probes) is None:
+            return
 
 
 def _save(path: Path, key: dict, cost: LinearCost, probes: list[dict]) -> str | None:

@@ -141,9 +141,9 @@ class CostBudget(_Lagrangian):
     def __init__(self, gates: HeadGates, unit: str, target: float, warmup_steps: int, gates_nothing: bool = False,
                  ships: str | None = None, ceiling: bool = False):
         super().__init__()
-        # ceiling: lambda1 >= 0 after every step, the target an upper bound. Under Adam lambda1 moves by about its
-        # learning rate each step whatever the gap, so while the cost sits just under the target it sinks below zero
-        # and later pushes the gates open all at once (docs/gates.md 0c)
+        # ceiling: lambda1 >= 0 after every step. Under Adam lambda1 moves by about its learning rate each step
+        # whatever the gap, so while the cost sits just under the target it sinks below zero and later pushes the
+        # gates open all at once (docs/gates.md 0k); lambda2's term still draws a cost under the target towards it
         self.ceiling = ceiling
         # None: the export fills the target with the most open structures; a plan mode (the gated model's own mask in
         # eval mode): the export ships that mask wherever it fits the target (``export_rule``)

@@ -275,8 +275,8 @@ class L0Budget(GatedPruning):
     cost_dir: str | None = None  # where a latency fit is cached (the run's checkpoints): reused by forks
     target_warmup_steps: int = 100  # gated steps over which the target ramps from all heads to its value
     lagrangian_lr: float = 0.05
-    # a cost budget's target as an upper bound: its lambda1 kept >= 0, so a cost under the target never pushes the
-    # gates open (docs/gates.md 0c)
+    # a cost budget's lambda1 kept >= 0, so it cannot wind below zero while the cost sits under the target and then
+    # open the gates at once (docs/gates.md 0k); the quadratic term still draws a cost under the target towards it
     target_ceiling: bool = False
     # a cost budget's export: true, the most open structures that fit the target; false, the gated model's own
     # eval-mode mask (eval_gate_mode: binary or expected_size) wherever it fits the target, so the export is the
@@ -302,6 +302,9 @@ class L0Budget(GatedPruning):
         self.cost_dirs = [Path(self.cost_dir)] if self.cost_dir else []
         if not isinstance(self.target_ceiling, bool):
             raise ValueError(f"pruning.target_ceiling={self.target_ceiling!r}; allowed: true or false")
+        if self.target_ceiling and self.cost_unit is None:
+            raise ValueError("pruning.target_ceiling=true with a head budget (no cost target): it bounds a cost; "
+                             "allowed: with target_params, target_flops or target_latency, or target_ceiling=false")
         if not isinstance(self.export_fill, bool):
             raise ValueError(f"pruning.export_fill={self.export_fill!r}; allowed: true or false")
         if not self.export_fill and self.cost_unit is None:
