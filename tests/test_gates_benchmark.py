@@ -370,3 +370,15 @@ def test_the_busy_fit_with_a_ceiling_meets_the_target_the_pair_missed():
     assert (f"the cost ended at {ours['expected_kept']:.3f}, 0.2% under the target, where the pair ended at "
             f"{theirs['expected_kept']:.3f}") in page
     assert f"the cost stayed within {min(later):.3f}-{max(later):.3f}" in page
+
+
+def test_the_busy_pair_s_trajectory_is_as_the_page_says():
+    """docs/gates.md 0k: the measured_once busy run fell under the target after the ramp, its lambda1 went below
+    zero by step 179, and the gates reopened at step 239."""
+    pairs, page = load_benchmark("plan_repro"), " ".join(load_benchmark("ceiling").PAGE.read_text().split())
+    record = json.loads((pairs.RESULTS / "first_layers_measured_once_busy.json").read_text())
+    at = {p["step"]: p for p in record["trajectory"]}
+    assert at[159]["lambda1"] > 0 > at[179]["lambda1"] and at[239]["expected"] > at[219]["expected"] + 0.1
+    assert (f"fell further under the target after the ramp ({at[99]['expected']:.3f} at step 99), so lambda1 went "
+            f"below zero earlier (by step 179) and the gates reopened at step 239 ({at[219]['expected']:.3f} at step "
+            f"219, {at[239]['expected']:.3f} at 239)") in page
