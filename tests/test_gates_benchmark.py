@@ -382,3 +382,15 @@ def test_the_busy_pair_s_trajectory_is_as_the_page_says():
     assert (f"fell further under the target after the ramp ({at[99]['expected']:.3f} at step 99), so lambda1 went "
             f"below zero earlier (by step 179) and the gates reopened at step 239 ({at[219]['expected']:.3f} at step "
             f"219, {at[239]['expected']:.3f} at 239)") in page
+
+
+def test_the_ceiling_seeds_on_the_status_are_the_cells():
+    """docs/gates.md's status: the ceiling's recovered seeds as the cells' records have them."""
+    bench = load_benchmark("recovery")
+    page = " ".join(bench.GATES_PAGE.read_text().split())
+    scores = {}
+    for seed in (1234, 1):
+        cell = json.loads((bench.RESULTS / f"choose_gates_bottom2_ceiling_0.67_s{seed}_1000_lr0.002.json").read_text())
+        assert "pruning.target_ceiling=true" in cell["export_command"]
+        scores[seed] = cell["test_bleu_at"]["1000"]
+    assert f"{scores[1234]:.2f} and {scores[1]:.2f} test BLEU after 1,000 steps" in page
