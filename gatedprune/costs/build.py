@@ -50,6 +50,7 @@ def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = 
                               workload)
     name = table.file_name(wanted)
     machine = table.machine_dir()
+    beside = [Path(d) / name for d in cache_dirs]  # the checkpoint forked, then the run's own
     for directory in [*cache_dirs, machine]:
         path = Path(directory) / name
         found = _cached(path, wanted, workload, in_machine=directory == machine)
@@ -57,7 +58,8 @@ def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = 
             cost, probes, device = found
             # kept where the next run looks first too: beside the checkpoint (its forks and resumes), and in the
             # machine's cache (later runs of this key here)
-            _keep([Path(d) / name for d in cache_dirs], path, wanted, cost, probes)
+            if not any(p.is_file() for p in beside):
+                _save_first(beside, wanted, cost, probes)
             if directory != machine and not (machine / name).is_file():
                 _save(machine / name, wanted, cost, probes)
             where = "timed earlier on this machine" if directory == machine else "kept beside the checkpoint"
@@ -70,13 +72,10 @@ def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = 
             "fit_error": latency.fit_error(probes)}
     print(f"latency fit: {1000 * cost.base:.2f} ms per call plus each structure's cost; its largest error over its "
           f"{len(probes)} probes {info['fit_error']:.1%}")
-    for directory in cache_dirs:  # the first that takes it: beside the checkpoint forked, else the run's own
-        if _save(Path(directory) / name, wanted, cost, probes) is None:
-            info["path"] = str(Path(directory) / name)
-            break
+    kept = _save_first(beside, wanted, cost, probes)
     error = _save(machine / name, wanted, cost, probes)
     print(NOT_KEPT.format(error=error) if error else ONE_PLAN.format(path=machine / name))
-    info["path"] = info["path"] or (None if error else str(machine / name))
+    info["path"] = str(kept) if kept else (None if error else str(machine / name))
     return cost, info
 
 
@@ -102,13 +101,12 @@ def _cached(path: Path, wanted: dict, workload: Workload, in_machine: bool):
     return cost, probes, saved["device"]
 
 
-def _keep(paths: list[Path], found: Path, key: dict, cost: LinearCost, probes: list[dict]) -> None:
-    """The fit found at ``found`` also in the first of ``paths`` that takes it, unless one of them has it already."""
-    if any(path.is_file() for path in paths) or found in paths:
-        return
+def _save_first(paths: list[Path], key: dict, cost: LinearCost, probes: list[dict]) -> Path | None:
+    """The first of ``paths`` that takes the fit (each one that does not is noted), or None."""
     for path in paths:
         if _save(path, key, cost, probes) is None:
-            return
+            return path
+    return None
 
 
 def _save(path: Path, key: dict, cost: LinearCost, probes: list[dict]) -> str | None:
