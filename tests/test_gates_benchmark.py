@@ -389,8 +389,10 @@ def test_the_ceiling_seeds_on_the_status_are_the_cells():
     bench = load_benchmark("recovery")
     page = " ".join(bench.GATES_PAGE.read_text().split())
     scores = {}
-    for seed in (1234, 1):
+    for seed in (1234, 1, 2):
         cell = json.loads((bench.RESULTS / f"choose_gates_bottom2_ceiling_0.67_s{seed}_1000_lr0.002.json").read_text())
         assert "pruning.target_ceiling=true" in cell["export_command"]
         scores[seed] = cell["test_bleu_at"]["1000"]
-    assert f"{scores[1234]:.2f} and {scores[1]:.2f} test BLEU after 1,000 steps" in page
+    assert f"{scores[1234]:.2f}, {scores[1]:.2f} and {scores[2]:.2f} test BLEU after 1,000 steps" in page
+    random2 = json.loads((bench.RESULTS / "choose_random_0.67_s2_1000_lr0.002.json").read_text())["test_bleu_at"]
+    assert scores[2] < random2["1000"] and f"below random structures at seed 2 ({random2['1000']:.2f})" in page
