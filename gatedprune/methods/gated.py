@@ -300,13 +300,12 @@ class L0Budget(GatedPruning):
             raise ValueError(f"pruning.workload.table={self.workload.table} is a latency fit, which only "
                              "pruning.target_latency uses; allowed: with target_latency, or table null")
         self.cost_dirs = [Path(self.cost_dir)] if self.cost_dir else []
-        if not isinstance(self.target_ceiling, bool):
-            raise ValueError(f"pruning.target_ceiling={self.target_ceiling!r}; allowed: true or false")
+        for name in ("target_ceiling", "export_fill"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"pruning.{name}={getattr(self, name)!r}; allowed: true or false")
         if self.target_ceiling and self.cost_unit is None:
             raise ValueError("pruning.target_ceiling=true with a head budget (no cost target): it bounds a cost; "
                              "allowed: with target_params, target_flops or target_latency, or target_ceiling=false")
-        if not isinstance(self.export_fill, bool):
-            raise ValueError(f"pruning.export_fill={self.export_fill!r}; allowed: true or false")
         if not self.export_fill and self.cost_unit is None:
             raise ValueError("pruning.export_fill=false with a head budget (no cost target): it decides a cost "
                              "budget's export; allowed: with target_params, target_flops or target_latency, or "
@@ -381,12 +380,8 @@ class L0Budget(GatedPruning):
         """A target ramp longer than the gated phase never reaches the budget: it is cut to the first half of the gated
         phase (the second holds the target), and the run says so. A run with no gated step is dense (check_outputs)."""
         super().check_schedule(max_steps)
-        if not max_steps or max_steps < 0:
-            return
-        gated_steps = max_steps - self.start_step
-        if gated_steps < 1:
-            return
-        if self.target_warmup_steps > gated_steps:
+        gated_steps = self._gated_steps  # None with no max_steps; < 1 in a dense run
+        if gated_steps is not None and 0 < gated_steps < self.target_warmup_steps:
             print(
                 f"warning: pruning.target_warmup_steps={self.target_warmup_steps} is longer than the gated phase "
                 f"({gated_steps} steps: trainer.max_steps={max_steps} - pruning.start_step={self.start_step}); the "
