@@ -115,6 +115,9 @@ BOTTOM2_FLAT = (*(o for o in BOTTOM2 if not o.startswith("pruning.target_warmup_
 # and then pushes the gates open all at once: at 450 gated steps gates_bottom2_late's cost went from 0.651 (step 299,
 # lambda1 -28.6) to 0.806 (step 339), and every busy measured fit's run ended at 0.757-0.763 (docs/gates.md 0c)
 BOTTOM2_CEILING = (*BOTTOM2, "pruning.target_ceiling=true")
+# the same at 0.55 with one decoder layer (gates_bottom1_late with the ceiling): gates_bottom1_late ended 2.7-2.9% under
+# 0.55 and below random structures and even layers after 1,000 steps; the ceiling holds the cost nearer the target
+BOTTOM1_CEILING = (*BOTTOM1, "pruning.target_ceiling=true")
 GATES = {"gates": GatedPhase(), "gates_settled": GatedPhase(300, 100, SETTLED), "gates_nash": GatedPhase(300, 100, NASH),
          "gates_depth2": GatedPhase(300, 100, DEPTH2, targets=("high",)),
          "gates_bottom1": GatedPhase(300, 1, BOTTOM1, ("low",), "gates"),
@@ -123,7 +126,8 @@ GATES = {"gates": GatedPhase(), "gates_settled": GatedPhase(300, 100, SETTLED), 
          "gates_bottom2_late": GatedPhase(300, 100, BOTTOM2, ("high",), "gates_depth2"),
          # at 0.67 too (seed 1234): one decoder layer against first_layers' two, the same protocol otherwise
          "gates_bottom1_late": GatedPhase(300, 100, BOTTOM1, ("low", "high"), "gates"),
-         "gates_bottom2_ceiling": GatedPhase(300, 100, BOTTOM2_CEILING, ("high",), "gates_depth2")}
+         "gates_bottom2_ceiling": GatedPhase(300, 100, BOTTOM2_CEILING, ("high",), "gates_depth2"),
+         "gates_bottom1_ceiling": GatedPhase(300, 100, BOTTOM1_CEILING, ("low",), "gates")}
 
 
 @dataclass(frozen=True)
@@ -411,7 +415,7 @@ def stand_in(cell: Recovery, cells: list[dict], runs: Path) -> dict | None:
 
 # issue 38's candidate protocols, each compared with the other starts
 CANDIDATES = ("gates_settled", "gates_nash", "gates_depth2", "gates_bottom2", "gates_bottom1", "gates_bottom2_flat",
-              "gates_bottom2_late", "gates_bottom1_late", "gates_bottom2_ceiling")
+              "gates_bottom2_late", "gates_bottom1_late", "gates_bottom2_ceiling", "gates_bottom1_ceiling")
 RIVALS = ("gates", "random", "even_layers")
 
 

@@ -750,7 +750,7 @@ def test_issue_38_s_table_takes_each_start_s_score_from_the_cell_that_measured_t
     assert targets["gates_bottom1"] == (bench.LOW,) and targets["gates_bottom2"] == (bench.HIGH,)
     assert targets["gates_bottom2_flat"] == targets["gates_bottom2_late"] == (bench.HIGH,)
     assert targets["gates_bottom1_late"] == (bench.LOW, bench.HIGH)
-    assert targets["gates_bottom2_ceiling"] == (bench.HIGH,)
+    assert targets["gates_bottom2_ceiling"] == (bench.HIGH,) and targets["gates_bottom1_ceiling"] == (bench.LOW,)
     flat = [c for c in bench._grid() if c.name == "choose_gates_bottom2_flat_0.67_s1_1000_lr0.002"][0]
     args = flat.export.args(tmp_path)  # one value of the ramp: Hydra refuses an override given twice
     assert "pruning.target_warmup_steps=0" in args and "pruning.target_warmup_steps=50" not in args
@@ -758,8 +758,9 @@ def test_issue_38_s_table_takes_each_start_s_score_from_the_cell_that_measured_t
     # cells stand in, so gates_bottom2 adds none and gates_bottom1 the preset gates' depth at 0.55 (3 cells)
     assert not any("as_gates_bottom" in name for name in choose)
     assert "choose_even_layers_0.55_s1_1000_lr0.002" in choose
-    # gates_bottom1_late at 0.67: +3; gates_bottom2_ceiling at 0.67: +3 (its even layers are gates_depth2's)
-    candidate_cells, even_cells, preset_and_random = 12 * 3, (5 + 2) * 3, 2 * 2 * 3
+    # gates_bottom1_late at 0.67: +3; gates_bottom2_ceiling at 0.67: +3 (its even layers are gates_depth2's);
+    # gates_bottom1_ceiling at 0.55: +3 (its even layers are the preset gates')
+    candidate_cells, even_cells, preset_and_random = 13 * 3, (5 + 2) * 3, 2 * 2 * 3
     assert len(choose) == len(set(choose)) == candidate_cells + even_cells + preset_and_random
     assert "choose_gates_depth2_0.55_s1_1000_lr0.002" not in grid and "choose_gates_depth2_0.67_s1_1000_lr0.002" in grid
     assert "choose_gates_0.67_s2_1000_lr0.002" in grid and "choose_random_0.67_s2_1000_lr0.002" in grid
