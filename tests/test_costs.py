@@ -447,6 +447,17 @@ def test_a_ceiling_keeps_the_cost_multiplier_at_or_above_zero_and_nothing_else(b
             budget.lambda1.fill_(3.0)
         budget.project_()
         assert budget.lambda1.tolist() == [3.0]  # above zero: left as it is
+        # with the layers of a kind tied (uniform_heads): the ties are equalities, their multipliers stay below zero
+        tied = CostBudget(gates.set_uniform(heads=True), "latency", 0.95, warmup_steps=0, ceiling=ceiling)
+        ties = sum(len(sites) for sites in tied.ties)
+        assert ties > 0 and tied.lambda1.shape == (1 + ties,)
+        with torch.no_grad():
+            tied.lambda1.fill_(-2.0)
+        tied.project_()
+        assert tied.lambda1.tolist() == ([0.0] if ceiling else [-2.0]) + [-2.0] * ties
+        # the logged lambda1 is the cost's alone, not summed with the ties'
+        method = L0Budget(target_latency=0.95)
+        assert method.penalty(gates, tied, 1)[1]["train/lambda1"].item() == tied.lambda1[0].item()
     finally:
         gates.remove()
     with pytest.raises(ValueError, match=r"^pruning.target_ceiling='yes'; allowed: true or false$"):

@@ -349,7 +349,7 @@ class L0Budget(GatedPruning):
 
     def penalty(self, gates: HeadGates, state: HeadBudget | CostBudget, gated_step: int) -> tuple[torch.Tensor, dict]:
         penalty = state(gated_step)
-        logs = {"train/lagrangian": penalty, "train/lambda1": state.lambda1.sum()}
+        logs = {"train/lagrangian": penalty, "train/lambda1": state.lambda1[: len(state.groups)].sum()}  # not the ties'
         if isinstance(state, CostBudget):  # how far the expected cost has come down, beside where the ramp has it
             logs[f"train/expected_{state.unit}"] = state.expected_fraction().detach().squeeze()
             logs[f"train/target_{state.unit}"] = state.target_fraction(gated_step).squeeze()
