@@ -17,7 +17,6 @@ keep, and both models' validation BLEU (the export gap before recovery). A cell 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 import time
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import plan_repro  # noqa: E402  (a run's logged trajectory)
 import recovery  # noqa: E402  (the recovery grid's setting: the teacher, its latency fit, how a run is started)
 from common import ROOT, machine, write_readme  # noqa: E402
 
@@ -128,14 +128,6 @@ def grid(setting: recovery.Setting = recovery.REAL) -> list[Cell]:
             for seed in (p.seeds if setting is recovery.REAL else SEEDS)]
 
 
-def _trajectory(run: Path) -> list[dict]:
-    """Per logged gated step: the expected kept latency, the ramp's target and lambda1 (``csv/metrics.csv``)."""
-    rows = csv.DictReader((run / "csv" / "metrics.csv").read_text().splitlines())
-    return [{"step": int(r["step"]), "expected": float(r["train/expected_latency"]),
-             "target": float(r["train/target_latency"]), "lambda1": float(r["train/lambda1"]),
-             "ce": float(r["train/ce"])} for r in rows if r.get("train/expected_latency")]
-
-
 def reused_run(cell: Cell, reuse: Path | None) -> Path | None:
     """The recovery grid's export of this very gated phase (its start ``recovery_start``) in ``reuse``, if it is
     there and finished; it was trained with the same overrides, logged at the trainer's default interval."""
@@ -170,7 +162,7 @@ def run_cell(cell: Cell, runs: Path, results: Path, reuse: Path | None = None) -
         "cell": cell.name, "protocol": cell.protocol.name, "target": cell.target, "seed": cell.seed,
         "gated_steps": cell.gated_steps,
         "command": _ran(reused) if reused else recovery._shown(args[1:], runs),
-        "trajectory": _trajectory(run),
+        "trajectory": plan_repro.trajectory(run),
         "expected_kept": budget["expected_kept"], "binary_kept": budget["binary_kept"],
         "plan_kept": budget["plan_kept"], "export_predicted": export["predicted"]["latency"],
         "decided_by_rule": export["decided_by_rule"],

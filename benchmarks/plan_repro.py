@@ -73,10 +73,12 @@ def busy_core(on: bool):
 
 
 def trajectory(run: Path) -> list[dict]:
-    """Every logged gated step of a run: the step, the ramped target, the expected kept latency and lambda1."""
+    """Every logged gated step of a run (``csv/metrics.csv``): the step, the ramped target, the expected kept latency
+    and lambda1, and the cross-entropy where it was logged on that row."""
     rows = [r for r in csv.DictReader(open(run / "csv" / "metrics.csv")) if r.get("train/expected_latency")]
     return [{"step": int(r["step"]), "target": float(r["train/target_latency"]),
-             "expected": float(r["train/expected_latency"]), "lambda1": float(r["train/lambda1"])} for r in rows]
+             "expected": float(r["train/expected_latency"]), "lambda1": float(r["train/lambda1"]),
+             **({"ce": float(r["train/ce"])} if r.get("train/ce") else {})} for r in rows]
 
 
 def plan_of(report: dict) -> dict[str, list[int]]:
