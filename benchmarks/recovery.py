@@ -382,6 +382,12 @@ def run_recovery(cell: Recovery, runs: Path, results: Path) -> dict:
         "shipped_test_bleu": metrics["test"]["pruned"]["bleu"],
         "finetune_wall_s": tuned["wall_s"], "finetune_s_per_step": tuned["s_per_step"],
         "export_wall_s": (exported.get("seconds") or {}).get("run"),
+        # a gated start's issue-38 criteria before recovery: its costs at the end of the gated phase (expected, the
+        # deterministic gates', the plan shipped) and the export gap (its gated model's validation BLEU, the export's)
+        "gated_phase": {"budget": exported.get("budget"), "gate_mode": (exported.get("gated") or {}).get("gate_mode"),
+                        "gated_val_bleu": (exported.get("gated") or {}).get("bleu"),
+                        "export_val_bleu": exported.get("bleu")}
+        if cell.export.start in GATES and cell.init == "export" else None,
         "machine": machine(), "threads": os.environ.get("OMP_NUM_THREADS"),
     }
     results.mkdir(parents=True, exist_ok=True)
@@ -487,6 +493,27 @@ def choose_table(results: Path, targets=(LOW, HIGH), steps: int = 1000, chosen: 
                          _mean_sd(v), gap(ours, v["by_seed"]) if start != chosen else ""))
     return markdown_table(["target", "start", *(f"seed {s}" for s in SEEDS), f"test BLEU @{steps:,}, mean ± sd",
                            f"{chosen} minus it, same seeds"], rows)
+
+
+def gated_table(results: Path, chosen: str) -> str:
+    """Issue 38's first two criteria for ``chosen`` from its cells' records (those made since the records keep them):
+    per target and seed, the costs at the end of the gated phase against the target, and the export gap."""
+    def cost(kept: float, target: float) -> str:
+        return f"{kept:.3f} ({(kept - target) / target:+.1%})"
+
+    rows = []
+    for r in sorted((r for r in records(results) if r["start"] == chosen and r.get("gated_phase")),
+                    key=lambda r: (r["target"], SEEDS.index(r["seed"]))):
+        phase, target = r["gated_phase"], r["target"]
+        budget = phase["budget"]["latency"]
+        mask = budget[f"{phase['gate_mode']}_kept"]  # the gated model's eval-mode mask
+        within = all(abs(k - target) <= 0.03 * target for k in (budget["expected_kept"], mask))
+        rows.append((target, r["seed"], cost(budget["expected_kept"], target), cost(mask, target),
+                     f"{budget['plan_kept']:.3f} ({budget['plan_rule']})", "yes" if within else "no",
+                     f"{phase['gated_val_bleu']:.2f} / {phase['export_val_bleu']:.2f}",
+                     f"{round(phase['gated_val_bleu'] - phase['export_val_bleu'], 2) + 0.0:.2f}"))  # no -0.00
+    return markdown_table(["target", "seed", "expected cost", "deterministic gates' cost", "export", "both within 3%",
+                           "validation BLEU, gated / export", "export gap"], rows)
 
 
 GATES_PAGE = ROOT / "docs" / "gates.md"
@@ -600,7 +627,9 @@ def pooled_table(results: Path, names: tuple[str, ...]) -> str:
 
 def page_tables(results: Path) -> dict[Path, dict[str, str]]:
     """The tables docs/gates.md and docs/recovery.md take from the cells, by marker name."""
-    return {GATES_PAGE: {f"choose table {c}": choose_table(results, chosen=c) for c in CANDIDATES},
+    kept = {r["start"] for r in records(results) if r.get("gated_phase")}  # candidates whose records keep them
+    return {GATES_PAGE: {**{f"choose table {c}": choose_table(results, chosen=c) for c in CANDIDATES},
+                         **{f"gated table {c}": gated_table(results, c) for c in CANDIDATES if c in kept}},
             RECOVERY_PAGE: {"seeds table": seeds_table(results), "speed table": speed_table(results),
                             **{f"pooled speed table {name}": pooled_table(results, names)
                                for name, names in POOLED.items() if all(_has_speeds(results / n) for n in names)}}}

@@ -513,6 +513,13 @@ def test_recovery_quick_recovers_the_gates_export_and_its_shape_from_scratch(tmp
     # the same cut model, recovered from its weights and from new ones, for the same steps and schedule
     assert pruned["kept_layers"] == scratch["kept_layers"] and pruned["params"] == scratch["params"]
     assert pruned["steps"] == scratch["steps"] and "finetune.init=scratch" in scratch["command"]
+    # the gated start's criteria before recovery, from its export run: costs, and both models' validation BLEU
+    exported = json.loads((runs / pruned["export_command"].split("hydra.run.dir=RUNS/")[1].split()[0]
+                           / "metrics.json").read_text())
+    assert pruned["gated_phase"] == {"budget": exported["budget"], "gate_mode": exported["gated"]["gate_mode"],
+                                     "gated_val_bleu": exported["gated"]["bleu"], "export_val_bleu": exported["bleu"]}
+    assert "latency" in exported["budget"] and f"{exported['gated']['gate_mode']}_kept" in exported["budget"]["latency"]
+    assert scratch["gated_phase"] is None  # new weights: the export's gated phase is not its start
     for record in (pruned, scratch):
         assert sorted(record["test_bleu_at"]) == ["2", "4"]
         run = runs / record["cell"]
@@ -695,6 +702,30 @@ def test_the_recovery_reference_is_the_teacher_s_own_schedule_scored_at_the_defa
     assert (cell.decay, cell.warmup, cell.init) == ("constant", 0, "export")
 
 
+def test_issue_38_s_gated_table_states_the_first_two_criteria_from_the_records(tmp_path):
+    """Per seed: the expected cost and the eval-mode mask's against the target (within 3% or not), and the export
+    gap; a record made before records kept the gated phase is left out."""
+    bench = load_benchmark("recovery")
+
+    def cell(seed, expected, mask, gated, export, mode="expected_size"):
+        budget = {"latency": {"target": 0.55, "expected_kept": expected, "binary_kept": 0.5, f"{mode}_kept": mask,
+                              "plan_kept": mask, "plan_rule": mode}}
+        record = {"cell": f"choose_gates_bottom1_ceiling_0.55_s{seed}", "start": "gates_bottom1_ceiling",
+                  "init": "export", "target": 0.55, "seed": seed, "gated_phase": {
+                      "budget": budget, "gate_mode": mode, "gated_val_bleu": gated, "export_val_bleu": export}}
+        (tmp_path / f"{record['cell']}.json").write_text(json.dumps(record))
+
+    cell(1, 0.5360, 0.5400, 7.25, 7.0)
+    cell(1234, 0.5320, 0.5330, 7.0, 7.0)  # 3.3% under: outside
+    (tmp_path / "choose_gates_bottom1_ceiling_0.55_s2.json").write_text(json.dumps(
+        {"cell": "choose_gates_bottom1_ceiling_0.55_s2", "start": "gates_bottom1_ceiling", "init": "export",
+         "target": 0.55, "seed": 2}))
+    rows = bench.gated_table(tmp_path, "gates_bottom1_ceiling").splitlines()[2:]
+    assert rows == ["| 0.55 | 1234 | 0.532 (-3.3%) | 0.533 (-3.1%) | 0.533 (expected_size) | no | 7.00 / 7.00 | 0.00 |",
+                    "| 0.55 | 1 | 0.536 (-2.5%) | 0.540 (-1.8%) | 0.540 (expected_size) | yes | 7.25 / 7.00 | 0.25 |"]
+    assert bench.gated_table(tmp_path, "gates_bottom2_ceiling").count("\n") == 2  # no record: the header alone
+
+
 def test_issue_38_s_table_takes_each_start_s_score_from_the_cell_that_measured_that_model(tmp_path):
     bench = load_benchmark("recovery")
 
@@ -771,7 +802,10 @@ def test_issue_38_s_table_takes_each_start_s_score_from_the_cell_that_measured_t
 def test_the_pages_tables_are_made_from_the_committed_cells(tmp_path):
     bench = load_benchmark("recovery")
     tables = bench.page_tables(bench.RESULTS)
-    assert set(tables[bench.GATES_PAGE]) == {f"choose table {c}" for c in bench.CANDIDATES}
+    kept = {r["start"] for r in bench.records(bench.RESULTS) if r.get("gated_phase")}
+    assert kept >= {"gates_bottom2_ceiling"}  # the records that keep their gated phase: each has its criteria's table
+    assert set(tables[bench.GATES_PAGE]) == ({f"choose table {c}" for c in bench.CANDIDATES}
+                                             | {f"gated table {c}" for c in kept})
     for page, named in tables.items():
         text = page.read_text()
         for name, table in named.items():
