@@ -39,11 +39,21 @@ def _header(lines: list[str]) -> str:
 
 
 def _keys(lines: list[str]) -> list[tuple[str, str, str]]:
-    """(dotted key, value as written, its inline comment) of each key a YAML file sets, nested by indentation;
+    """(dotted key, value as written, its note) of each key a YAML file sets, nested by indentation; the note is the
+    inline comment, else the comment lines right above the key (not the file's opening block, its description).
     ``defaults`` lists and the keys of list items are left out (the groups table names what a file composes)."""
     rows, stack = [], []  # stack: (indent, key) of the mappings above the current line
+    above: list[str] = []  # the comment lines since the last key or blank line
+    opening = True  # still in the file's opening comment block (_header)
     for line in lines:
-        if not line.strip() or line.lstrip().startswith(("#", "-")):
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            if not opening:
+                above.append(stripped[1:].strip())
+            continue
+        opening = False
+        note, above = " ".join(above), []
+        if not stripped or stripped.startswith("-"):
             continue
         match = KEY.match(line)
         if not match:
@@ -55,7 +65,7 @@ def _keys(lines: list[str]) -> list[tuple[str, str, str]]:
         value = match["value"].strip()
         if value:
             if not path.startswith(("defaults", "hydra")):
-                rows.append((path, value, (match["note"] or "").strip()))
+                rows.append((path, value, (match["note"] or "").strip() or note))
         else:
             stack.append((indent, match["key"]))
     return rows
