@@ -498,6 +498,8 @@ def choose_table(results: Path, targets=(LOW, HIGH), steps: int = 1000, chosen: 
 def gated_table(results: Path, chosen: str) -> str:
     """Issue 38's first two criteria for ``chosen`` from its cells' records (those made since the records keep them):
     per target and seed, the costs at the end of the gated phase against the target, and the export gap."""
+    from gatedprune.structures.head_gates import PLAN_MODES
+
     def cost(kept: float, target: float) -> str:
         return f"{kept:.3f} ({(kept - target) / target:+.1%})"
 
@@ -505,8 +507,9 @@ def gated_table(results: Path, chosen: str) -> str:
     for r in sorted((r for r in records(results) if r["start"] == chosen and r.get("gated_phase")),
                     key=lambda r: (r["target"], SEEDS.index(r["seed"]))):
         phase, target = r["gated_phase"], r["target"]
-        budget = phase["budget"]["latency"]
-        mask = budget[f"{phase['gate_mode']}_kept"]  # the gated model's eval-mode mask
+        budget = next(iter(phase["budget"].values()))  # the one cost the target is of
+        # the gated model's eval-mode mask; a soft mode's is log_alpha > 0 (what metrics.json's kept counts then)
+        mask = budget[f"{phase['gate_mode']}_kept" if phase["gate_mode"] in PLAN_MODES else "binary_kept"]
         within = all(abs(k - target) <= 0.03 * target for k in (budget["expected_kept"], mask))
         rows.append((target, r["seed"], cost(budget["expected_kept"], target), cost(mask, target),
                      f"{budget['plan_kept']:.3f} ({budget['plan_rule']})", "yes" if within else "no",

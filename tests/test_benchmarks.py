@@ -707,22 +707,26 @@ def test_issue_38_s_gated_table_states_the_first_two_criteria_from_the_records(t
     gap; a record made before records kept the gated phase is left out."""
     bench = load_benchmark("recovery")
 
-    def cell(seed, expected, mask, gated, export, mode="expected_size"):
-        budget = {"latency": {"target": 0.55, "expected_kept": expected, "binary_kept": 0.5, f"{mode}_kept": mask,
-                              "plan_kept": mask, "plan_rule": mode}}
+    def cell(seed, expected, mask, gated, export, mode="expected_size", plan=None, rule="expected_size"):
+        budget = {"latency": {"target": 0.55, "expected_kept": expected, "binary_kept": 0.5,
+                              "expected_size_kept": mask, "plan_kept": plan or mask, "plan_rule": rule}}
         record = {"cell": f"choose_gates_bottom1_ceiling_0.55_s{seed}", "start": "gates_bottom1_ceiling",
                   "init": "export", "target": 0.55, "seed": seed, "gated_phase": {
                       "budget": budget, "gate_mode": mode, "gated_val_bleu": gated, "export_val_bleu": export}}
         (tmp_path / f"{record['cell']}.json").write_text(json.dumps(record))
 
     cell(1, 0.5360, 0.5400, 7.25, 7.0)
-    cell(1234, 0.5320, 0.5330, 7.0, 7.0)  # 3.3% under: outside
-    (tmp_path / "choose_gates_bottom1_ceiling_0.55_s2.json").write_text(json.dumps(
+    cell(1234, 0.5320, 0.5330, 7.0, 7.0 + 1e-7, plan=0.5450, rule="latency")  # 3.3% under: outside; the fill shipped
+    (tmp_path / "choose_gates_bottom1_ceiling_0.55_s2.json").write_text(json.dumps(  # made before: left out
         {"cell": "choose_gates_bottom1_ceiling_0.55_s2", "start": "gates_bottom1_ceiling", "init": "export",
          "target": 0.55, "seed": 2}))
     rows = bench.gated_table(tmp_path, "gates_bottom1_ceiling").splitlines()[2:]
-    assert rows == ["| 0.55 | 1234 | 0.532 (-3.3%) | 0.533 (-3.1%) | 0.533 (expected_size) | no | 7.00 / 7.00 | 0.00 |",
+    assert rows == ["| 0.55 | 1234 | 0.532 (-3.3%) | 0.533 (-3.1%) | 0.545 (latency) | no | 7.00 / 7.00 | 0.00 |",
                     "| 0.55 | 1 | 0.536 (-2.5%) | 0.540 (-1.8%) | 0.540 (expected_size) | yes | 7.25 / 7.00 | 0.25 |"]
+    # a soft eval mode's gated model is counted by log_alpha > 0 (binary_kept), as metrics.json counts it
+    cell(2, 0.5360, 0.5400, 7.0, 7.0, mode="deterministic")
+    assert "| 0.55 | 2 | 0.536 (-2.5%) | 0.500 (-9.1%) | 0.540 (expected_size) | no |" in bench.gated_table(
+        tmp_path, "gates_bottom1_ceiling")
     assert bench.gated_table(tmp_path, "gates_bottom2_ceiling").count("\n") == 2  # no record: the header alone
 
 
@@ -802,8 +806,9 @@ def test_issue_38_s_table_takes_each_start_s_score_from_the_cell_that_measured_t
 def test_the_pages_tables_are_made_from_the_committed_cells(tmp_path):
     bench = load_benchmark("recovery")
     tables = bench.page_tables(bench.RESULTS)
-    kept = {r["start"] for r in bench.records(bench.RESULTS) if r.get("gated_phase")}
-    assert kept >= {"gates_bottom2_ceiling"}  # the records that keep their gated phase: each has its criteria's table
+    # the candidates whose records keep their gated phase each have their criteria's table
+    kept = {r["start"] for r in bench.records(bench.RESULTS) if r.get("gated_phase")} & set(bench.CANDIDATES)
+    assert kept >= {"gates_bottom2_ceiling"}
     assert set(tables[bench.GATES_PAGE]) == ({f"choose table {c}" for c in bench.CANDIDATES}
                                              | {f"gated table {c}" for c in kept})
     for page, named in tables.items():

@@ -20,7 +20,7 @@ from gatedprune.costs.counts import features
 from gatedprune.costs.flops import count_flops, flops_cost
 from gatedprune.costs.linear import LinearCost, StructureCosts
 from gatedprune.costs.workload import Workload
-from gatedprune.methods.budget import CostBudget
+from gatedprune.methods.budget import CostBudget, HeadBudget, resolve_targets
 from gatedprune.methods.gated import L0Budget
 from gatedprune.structures.adapters import probe
 from gatedprune.structures.head_gates import attach_gates
@@ -458,6 +458,12 @@ def test_a_ceiling_keeps_the_cost_multiplier_at_or_above_zero_and_nothing_else(b
         # the logged lambda1 is the cost's alone, not summed with the ties'
         method = L0Budget(target_latency=0.95)
         assert method.penalty(gates, tied, 1)[1]["train/lambda1"].item() == tied.lambda1[0].item()
+        # a head budget per kind: its two groups' multipliers summed, the ties' after them left out
+        heads = HeadBudget(gates, resolve_targets({"encoder": 0.5, "decoder": 0.5}, gates), warmup_steps=0)
+        assert len(heads.lambda1) > 2
+        with torch.no_grad():
+            heads.lambda1.copy_(torch.arange(len(heads.lambda1), dtype=torch.float32) + 1)
+        assert method.penalty(gates, heads, 1)[1]["train/lambda1"].item() == 1.0 + 2.0
     finally:
         gates.remove()
     with pytest.raises(ValueError, match=r"^pruning.target_ceiling='yes'; allowed: true or false$"):

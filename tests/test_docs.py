@@ -49,8 +49,9 @@ def test_the_configuration_reference_lists_every_option_file_and_its_keys():
     # a key with no inline comment takes the comment lines right above it, never the file's opening description
     assert "| `pruning.target_ceiling` | `false` | true: a cost budget's lambda1 kept >= 0" in page
     rows = docs_reference._keys(["# the file's description", "first: 1", "# above the second", "second: 2", "",
-                                 "# cut off by the blank line", "", "third: 3  # its own"])
-    assert rows == [("first", "1", ""), ("second", "2", "above the second"), ("third", "3", "its own")]
+                                 "# cut off by the blank line", "", "third: 3", "fourth: 4  # its own"])
+    assert rows == [("first", "1", ""), ("second", "2", "above the second"), ("third", "3", ""),
+                    ("fourth", "4", "its own")]
     chosen = yaml.safe_load((ROOT / "gatedprune" / "conf" / "train.yaml").read_text())["defaults"]
     model = next(item["model"] for item in chosen if isinstance(item, dict) and "model" in item)
     assert f"### `model={model}` (*default*)" in page
