@@ -18,9 +18,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import plan_repro  # noqa: E402  (a run's logged trajectory)
 import recovery  # noqa: E402  (how a run is started)
-from common import ROOT, machine, write_readme  # noqa: E402
+from common import ROOT, machine, trajectory, write_readme  # noqa: E402
 
 from gatedprune.utils import markdown_table  # noqa: E402
 
@@ -47,7 +46,7 @@ def run_one(name: str, runs: Path, results: Path) -> dict:
         recovery._run(command, runs / f"{name}.log", env={"OMP_NUM_THREADS": "1"})
     metrics = json.loads((runs / name / "metrics.json").read_text())
     record = {"name": name, "command": recovery._shown(command[1:], runs),
-              "trajectory": plan_repro.trajectory(runs / name), "budget": metrics["budget"], "kept": metrics["kept"],
+              "trajectory": trajectory(runs / name), "budget": metrics["budget"], "kept": metrics["kept"],
               "machine": machine()}
     results.mkdir(parents=True, exist_ok=True)
     (results / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")

@@ -5,6 +5,7 @@ Models are randomly initialised: speed depends on shapes, not on weights.
 
 from __future__ import annotations
 
+import csv
 import os
 import platform
 import random
@@ -120,3 +121,12 @@ def write_readme(results: Path, title: str, intro: str, table: str) -> None:
     results.mkdir(parents=True, exist_ok=True)
     (results / "README.md").write_text(f"# {title}\n\n{intro}\n\n{table}\n")
     print(table)
+
+
+def trajectory(run: Path) -> list[dict]:
+    """Every logged gated step of a run (``csv/metrics.csv``): the step, the ramped target, the expected kept latency
+    and lambda1, and the cross-entropy where it was logged on that row."""
+    rows = [r for r in csv.DictReader(open(run / "csv" / "metrics.csv")) if r.get("train/expected_latency")]
+    return [{"step": int(r["step"]), "target": float(r["train/target_latency"]),
+             "expected": float(r["train/expected_latency"]), "lambda1": float(r["train/lambda1"]),
+             **({"ce": float(r["train/ce"])} if r.get("train/ce") else {})} for r in rows]

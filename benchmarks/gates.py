@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import plan_repro  # noqa: E402  (a run's logged trajectory)
 import recovery  # noqa: E402  (the recovery grid's setting: the teacher, its latency fit, how a run is started)
-from common import ROOT, machine, write_readme  # noqa: E402
+from common import ROOT, machine, trajectory, write_readme  # noqa: E402
 
 from gatedprune.utils import markdown_table  # noqa: E402
 
@@ -162,7 +161,7 @@ def run_cell(cell: Cell, runs: Path, results: Path, reuse: Path | None = None) -
         "cell": cell.name, "protocol": cell.protocol.name, "target": cell.target, "seed": cell.seed,
         "gated_steps": cell.gated_steps,
         "command": _ran(reused) if reused else recovery._shown(args[1:], runs),
-        "trajectory": plan_repro.trajectory(run),
+        "trajectory": trajectory(run),
         "expected_kept": budget["expected_kept"], "binary_kept": budget["binary_kept"],
         "plan_kept": budget["plan_kept"], "export_predicted": export["predicted"]["latency"],
         "decided_by_rule": export["decided_by_rule"],

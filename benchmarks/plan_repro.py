@@ -18,7 +18,6 @@ plan, or the line a run refused with; ``table`` compares each pair. A run alread
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import shutil
 import subprocess
@@ -29,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import recovery  # noqa: E402  (how a run is started, the teacher's kept latency fit)
-from common import ROOT, machine, write_readme  # noqa: E402
+from common import ROOT, machine, trajectory, write_readme  # noqa: E402
 
 from gatedprune.utils import markdown_table  # noqa: E402
 
@@ -70,15 +69,6 @@ def busy_core(on: bool):
         if spinner is not None:
             spinner.kill()
             spinner.wait()
-
-
-def trajectory(run: Path) -> list[dict]:
-    """Every logged gated step of a run (``csv/metrics.csv``): the step, the ramped target, the expected kept latency
-    and lambda1, and the cross-entropy where it was logged on that row."""
-    rows = [r for r in csv.DictReader(open(run / "csv" / "metrics.csv")) if r.get("train/expected_latency")]
-    return [{"step": int(r["step"]), "target": float(r["train/target_latency"]),
-             "expected": float(r["train/expected_latency"]), "lambda1": float(r["train/lambda1"]),
-             **({"ce": float(r["train/ce"])} if r.get("train/ce") else {})} for r in rows]
 
 
 def plan_of(report: dict) -> dict[str, list[int]]:

@@ -516,8 +516,11 @@ def test_recovery_quick_recovers_the_gates_export_and_its_shape_from_scratch(tmp
     # the gated start's criteria before recovery, from its export run: costs, and both models' validation BLEU
     exported = json.loads((runs / pruned["export_command"].split("hydra.run.dir=RUNS/")[1].split()[0]
                            / "metrics.json").read_text())
-    assert pruned["gated_phase"] == {"budget": exported["budget"], "gate_mode": exported["gated"]["gate_mode"],
-                                     "gated_val_bleu": exported["gated"]["bleu"], "export_val_bleu": exported["bleu"]}
+    phase = pruned["gated_phase"]
+    assert {k: v for k, v in phase.items() if k != "trajectory"} == {
+        "budget": exported["budget"], "gate_mode": exported["gated"]["gate_mode"], "kept": exported["kept"],
+        "gated_val_bleu": exported["gated"]["bleu"], "export_val_bleu": exported["bleu"]}
+    assert phase["trajectory"] and all(p["target"] > 0 and 0 < p["expected"] <= 1 for p in phase["trajectory"])
     assert "latency" in exported["budget"] and f"{exported['gated']['gate_mode']}_kept" in exported["budget"]["latency"]
     assert scratch["gated_phase"] is None  # new weights: the export's gated phase is not its start
     for record in (pruned, scratch):

@@ -314,7 +314,7 @@ def test_the_ceiling_runs_record_the_multiplier_and_compose_the_default_s_gated_
     log.mkdir(parents=True)
     log.joinpath("metrics.csv").write_text("step,train/expected_latency,train/target_latency,train/lambda1,val/bleu\n"
                                            "99,0.7,0.67,2.5,\n100,,,,12.0\n299,0.6,0.67,-1.25,\n")
-    assert bench.plan_repro.trajectory(tmp_path / "run") == [
+    assert bench.trajectory(tmp_path / "run") == [
         {"step": 99, "target": 0.67, "expected": 0.7, "lambda1": 2.5},
         {"step": 299, "target": 0.67, "expected": 0.6, "lambda1": -1.25}]
     results = tmp_path / "results"
@@ -396,3 +396,34 @@ def test_the_ceiling_seeds_on_the_status_are_the_cells():
     assert f"{scores[1234]:.2f}, {scores[1]:.2f} and {scores[2]:.2f} test BLEU after 1,000 steps" in page
     random2 = json.loads((bench.RESULTS / "choose_random_0.67_s2_1000_lr0.002.json").read_text())["test_bleu_at"]
     assert scores[2] < random2["1000"] and f"below random structures at seed 2 ({random2['1000']:.2f})" in page
+
+
+def test_the_ceiling_at_0_55_is_as_the_page_says():
+    """docs/gates.md 0k: gates_bottom1_ceiling's gated phases (costs, lambda1, what they kept) and its recovery, as
+    the three cells' records keep them."""
+    bench = load_benchmark("recovery")
+    page = " ".join(bench.GATES_PAGE.read_text().split())
+    cells = [json.loads((bench.RESULTS / f"choose_gates_bottom1_ceiling_0.55_s{seed}_1000_lr0.002.json").read_text())
+             for seed in (1234, 1, 2)]
+    phases = [c["gated_phase"] for c in cells]
+    at = [{p["step"]: p for p in phase["trajectory"]} for phase in phases]
+
+    def span(values, fmt="{:.1f}"):
+        return f"{fmt.format(min(values))}-{fmt.format(max(values))}"
+
+    under = [100 * (0.55 - p["budget"]["latency"]["expected_kept"]) / 0.55 for p in phases]
+    assert min(under) > 3 and f"the costs end {span(under)}% under the target" in page
+    assert f"lambda1 was at {span([a[119]['lambda1'] for a in at])} (step 119)" in page
+    assert all(a[279]["lambda1"] == 0 < a[259]["lambda1"] for a in at) and "came down to 0 at step 279" in page
+    assert f"its cost was already {span([a[19]['expected'] for a in at], '{:.3f}')}" in page
+    assert f"the ceiling's {span([a[19]['lambda1'] for a in at])};" in page
+    kept = [p["kept"] for p in phases]
+    assert all(k["decoder"] == 0 and k["decoder_layer"] == 1 and k["encoder"] == 23 for k in kept)
+    assert f"{span([k['cross'] for k in kept], '{}')} cross heads" in page
+    assert f"{span([k['decoder_ffn'] for k in kept], '{}')} decoder FFN units" in page
+    assert f"23 of 24 heads and {span([k['encoder_ffn'] for k in kept], '{}')} FFN units" in page
+    assert all(round(p["gated_val_bleu"] - p["export_val_bleu"], 2) == 0 for p in phases)
+    scores = [c["test_bleu_at"]["1000"] for c in cells]
+    import statistics
+
+    assert f"recovered to {statistics.fmean(scores):.2f} ± {statistics.stdev(scores):.2f} test BLEU" in page
