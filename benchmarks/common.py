@@ -123,6 +123,12 @@ def write_readme(results: Path, title: str, intro: str, table: str) -> None:
     print(table)
 
 
+def off_target(value: float, target: float) -> str:
+    """A cost beside how far it is from its target, relative: ``0.532 (-3.3%)``."""
+    off = round(100 * (value - target) / target, 1) + 0.0  # + 0.0: a rounded -0.0 prints as +0.0
+    return f"{value:.3f} ({off:+.1f}%)"
+
+
 def trajectory(run: Path) -> list[dict]:
     """Every logged gated step of a run (``csv/metrics.csv``): the step, the ramped target, the expected kept latency
     and lambda1, and the cross-entropy where it was logged on that row."""

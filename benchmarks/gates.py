@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import recovery  # noqa: E402  (the recovery grid's setting: the teacher, its latency fit, how a run is started)
-from common import ROOT, machine, trajectory, write_readme  # noqa: E402
+from common import ROOT, machine, off_target, trajectory, write_readme  # noqa: E402
 
 from gatedprune.utils import markdown_table  # noqa: E402
 
@@ -260,11 +260,6 @@ def records(results: Path) -> list[dict]:
                                         else len(order), r["seed"]))
 
 
-def _off(value: float, target: float) -> str:
-    off = round(100 * (value - target) / target, 1) + 0.0  # + 0.0: a rounded -0.0 prints as +0.0
-    return f"{value:.3f} ({off:+.1f}%)"
-
-
 def _layers(kept: dict) -> str:
     """Encoder + decoder layers kept; a mask has no count for a stack whose layers were not gated (nash_300's
     encoder): it keeps them all."""
@@ -278,9 +273,10 @@ def table(results: Path) -> str:
         size = r.get("expected_size_kept")
         masks = r.get("masks", {}).get("expected_size")
         bleu = r.get("masks_val_bleu")
-        rows.append([r["protocol"], r["target"], r["seed"], r["gated_steps"], _off(r["expected_kept"], r["target"]),
-                     _off(r["binary_kept"], r["target"]), _off(size, r["target"]) if size is not None else "-",
-                     _off(r["plan_kept"], r["target"]),
+        target = r["target"]
+        rows.append([r["protocol"], target, r["seed"], r["gated_steps"], off_target(r["expected_kept"], target),
+                     off_target(r["binary_kept"], target), off_target(size, target) if size is not None else "-",
+                     off_target(r["plan_kept"], target),
                      f"{bleu['binary']:.2f} / {bleu['expected_size']:.2f} / {r['export']['val_bleu']:.2f}" if bleu
                      else f"{r['gated']['val_bleu']:.2f} / - / {r['export']['val_bleu']:.2f}", layers,
                      _layers(masks) if masks else "-",

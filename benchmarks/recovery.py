@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, machine, trajectory  # noqa: E402
+from common import ROOT, machine, off_target, trajectory  # noqa: E402
 
 from gatedprune.teacher import LATENCY_TABLE  # noqa: E402
 from gatedprune.utils import markdown_table  # noqa: E402
@@ -503,9 +503,6 @@ def gated_table(results: Path, chosen: str) -> str:
     per target and seed, the costs at the end of the gated phase against the target, and the export gap."""
     from gatedprune.structures.head_gates import PLAN_MODES
 
-    def cost(kept: float, target: float) -> str:
-        return f"{kept:.3f} ({(kept - target) / target:+.1%})"
-
     rows = []
     for r in sorted((r for r in records(results) if r["start"] == chosen and r.get("gated_phase")),
                     key=lambda r: (r["target"], SEEDS.index(r["seed"]))):
@@ -514,7 +511,7 @@ def gated_table(results: Path, chosen: str) -> str:
         # the gated model's eval-mode mask; a soft mode's is log_alpha > 0 (what metrics.json's kept counts then)
         mask = budget[f"{phase['gate_mode']}_kept" if phase["gate_mode"] in PLAN_MODES else "binary_kept"]
         within = all(abs(k - target) <= 0.03 * target for k in (budget["expected_kept"], mask))
-        rows.append((target, r["seed"], cost(budget["expected_kept"], target), cost(mask, target),
+        rows.append((target, r["seed"], off_target(budget["expected_kept"], target), off_target(mask, target),
                      f"{budget['plan_kept']:.3f} ({budget['plan_rule']})", "yes" if within else "no",
                      f"{phase['gated_val_bleu']:.2f} / {phase['export_val_bleu']:.2f}",
                      f"{round(phase['gated_val_bleu'] - phase['export_val_bleu'], 2) + 0.0:.2f}"))  # no -0.00

@@ -66,8 +66,8 @@ def test_every_protocol_is_recorded_with_its_three_costs_beside_the_target(tmp_p
     assert f"| all + {nash['masks']['expected_size']['decoder_layer']} | " in readme  # the expected-size column
     row = next(line for line in readme.splitlines() if line.startswith("| default |"))
     first = records[0]
-    assert f"| {bench._off(first['binary_kept'], first['target'])} |" in row
-    assert bench._off(0.5499, 0.55) == "0.550 (+0.0%)" and bench._off(0.5, 0.55) == "0.500 (-9.1%)"
+    assert f"| {bench.off_target(first['binary_kept'], first['target'])} |" in row
+    assert bench.off_target(0.5499, 0.55) == "0.550 (+0.0%)" and bench.off_target(0.5, 0.55) == "0.500 (-9.1%)"
     # run again: every cell is already there
     capsys.readouterr()
     assert bench.main(["quick", "--runs", str(runs), "--results", str(results)]) == 0
