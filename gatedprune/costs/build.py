@@ -94,8 +94,9 @@ def _cached(path: Path, wanted: dict, workload: Workload, in_machine: bool):
         return None
     if saved != wanted:
         return None
-    if in_machine and probes and latency.fit_error(probes) > workload.fit_tolerance:
-        print(f"note: the latency fit {path} misses its probes by up to {latency.fit_error(probes):.0%}, above "
+    error = latency.fit_error(probes) if in_machine and probes else 0.0
+    if error > workload.fit_tolerance:
+        print(f"note: the latency fit {path} misses its probes by up to {error:.0%}, above "
               f"pruning.workload.fit_tolerance={workload.fit_tolerance:g}; timing the probes again")
         return None
     return cost, probes, saved["device"]
