@@ -598,6 +598,7 @@ def test_gatedprune_latency_refuses_a_loaded_fit_naming_its_own_flags(bart3, tmp
     from gatedprune.costs import timers
 
     bart3.save_pretrained(tmp_path / "model")
+    capsys.readouterr()  # the save's own progress bar (shown unless an earlier test turned the bars off)
     monkeypatch.setitem(timers.TIMERS, "torch", _loaded([2.0, 1.6]))
     out = tmp_path / "table.json"
     assert latency_command([str(tmp_path / "model"), str(out), "--repeats", "1", "--fit-attempts", "2"]) == 1
