@@ -222,10 +222,15 @@ class HeadGates(GateCounts, nn.Module):
     @torch.no_grad()
     def expected_counts(self) -> dict[str, int]:
         """Per gated kind, its expected number of open gates rounded, nested as the budget counts it (a gate inside
-        a gated layer counts P(gate) x P(layer)): the size CoFiPruning's deterministic mask keeps of each kind."""
+        a gated layer counts P(gate) x P(layer)): the size CoFiPruning's deterministic mask keeps of each kind. A
+        settled gate counts its decision, 1 or 0: at log_alpha -10 P(open) is still about 1e-4, which over thousands of
+        closed units would round a kind up by one more than was decided."""
+        held = [(g.log_alpha > 0).to(g.log_alpha.dtype) if p in self.settled else g.p_open()
+                for p, g in zip(self.paths, self.gates)]
         sums = Counter()
         for i, kind in enumerate(self.kinds):
-            sums[kind] += self.p_open_nested(i).sum().item()
+            outer = self.outer[i]
+            sums[kind] += (held[i] * (held[outer] if outer is not None else 1)).sum().item()
         return {kind: int(math.floor(total + 0.5)) for kind, total in sums.items()}
 
     def keep_mask(self, rule: str = "binary", top_k: int | dict[str, int] | None = None) -> torch.Tensor:
