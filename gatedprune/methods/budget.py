@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from gatedprune.costs.linear import shown_fraction
+from gatedprune.methods.settling import check_widths
 from gatedprune.structures.adapters import ATTENTION_KINDS
 from gatedprune.structures.head_gates import PLAN_MODES, HeadGates
 
@@ -63,6 +64,27 @@ class _Lagrangian(nn.Module):
     def _lagrangian(self, group_gap: torch.Tensor) -> torch.Tensor:
         gap = torch.cat([group_gap, tie_gaps(self.gates[0], self.ties)])  # (G + C,)
         return (self.lambda1 * gap + self.lambda2 * gap**2).sum()
+
+
+def check_cost_options(method) -> None:
+    """Refuse, in one line, a budget's option the run cannot use: a true/false option given something else, an option
+    of cost budgets under a head budget, and the eval-mode mask shipped (``export_fill=false``) with no mask."""
+    for name in ("target_ceiling", "export_fill"):
+        if not isinstance(getattr(method, name), bool):
+            raise ValueError(f"pruning.{name}={getattr(method, name)!r}; allowed: true or false")
+    check_widths(method.settle_widths_at, method.settle_layers_at)
+    cost_only = {"target_ceiling": (method.target_ceiling, "it bounds a cost", "false"),
+                 "export_fill": (not method.export_fill, "it decides a cost budget's export", "true"),
+                 "settle_widths_at": (method.settle_widths_at is not None, "it settles at a cost's plan", "null")}
+    for name, (used, why, default) in cost_only.items():
+        if used and method.cost_unit is None:
+            raise ValueError(f"pruning.{name}={str(getattr(method, name)).lower()} with a head budget (no cost "
+                             f"target): {why}; allowed: with target_params, target_flops or target_latency, or "
+                             f"{name}={default}")
+    if not method.export_fill and method.eval_gate_mode not in PLAN_MODES:
+        raise ValueError(f"pruning.export_fill=false ships the eval-mode mask, and pruning.eval_gate_mode="
+                         f"{method.eval_gate_mode} is not a mask; allowed: eval_gate_mode in {', '.join(PLAN_MODES)}, "
+                         "or export_fill=true")
 
 
 def head_count(value, total: int, name: str) -> int:

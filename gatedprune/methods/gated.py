@@ -29,11 +29,12 @@ from torch import nn
 from gatedprune.methods.base import Method
 from gatedprune.costs.build import gate_costs
 from gatedprune.costs.workload import Workload
-from gatedprune.methods.budget import CostBudget, HeadBudget, resolve_targets
-from gatedprune.methods.settling import check_depth, check_depth_fits, check_settling, settle_layers
+from gatedprune.methods.budget import CostBudget, HeadBudget, check_cost_options, resolve_targets
+from gatedprune.methods.settling import (check_depth, check_depth_fits, check_inside, check_settling, settle_layers,
+                                         settle_widths)
 from gatedprune.shipping.export_dir import check_out_dir
 from gatedprune.structures.hard_concrete import GateOptions
-from gatedprune.structures.head_gates import MODES, PENALTY_NORMALISATIONS, PLAN_MODES, HeadGates
+from gatedprune.structures.head_gates import MODES, PENALTY_NORMALISATIONS, HeadGates
 from gatedprune.structures.kinds import ATTENTION_KINDS
 from gatedprune.structures.uniform import per_layer_count, uniform_kinds
 from gatedprune.training.checkpoints import untrained_beyond
@@ -202,11 +203,8 @@ class GatedPruning(Method):
         self._gated_steps = max_steps - self.start_step if max_steps and max_steps > 0 else None
         # a run that gates nothing (a dense run: start_step past max_steps) has no layers to settle
         gating = self._gated_steps is not None and self._gated_steps > 0
-        if self.settle_layers_at is not None and gating and self.settle_layers_at >= self._gated_steps:
-            raise ValueError(f"pruning.settle_layers_at={self.settle_layers_at} is not inside the gated phase "
-                             f"({self._gated_steps} steps: trainer.max_steps={max_steps} - pruning.start_step="
-                             f"{self.start_step}); allowed: an integer in [1, {self._gated_steps - 1}], or null, "
-                             f"or a longer gated phase (gated_steps)")
+        if gating:
+            check_inside(self, ("settle_layers_at", "settle_widths_at"), max_steps)
         if self.final_temperature is not None and not self._gated_steps:
             raise ValueError(f"pruning.final_temperature={self.final_temperature} anneals over the gated phase, which "
                              f"has no end (trainer.max_steps={max_steps}); allowed: a trainer.max_steps > "
@@ -282,6 +280,9 @@ class L0Budget(GatedPruning):
     # eval-mode mask (eval_gate_mode: binary or expected_size) wherever it fits the target, so the export is the
     # model validated (the fill where it does not fit)
     export_fill: bool = True
+    # at this gated step (after settle_layers_at) decide every gate as the fill would ship it then (the most open
+    # structures that fit the target) and hold it: the rest of the gated phase trains the model that ships (0l)
+    settle_widths_at: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -300,20 +301,7 @@ class L0Budget(GatedPruning):
             raise ValueError(f"pruning.workload.table={self.workload.table} is a latency fit, which only "
                              "pruning.target_latency uses; allowed: with target_latency, or table null")
         self.cost_dirs = [Path(self.cost_dir)] if self.cost_dir else []
-        for name in ("target_ceiling", "export_fill"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"pruning.{name}={getattr(self, name)!r}; allowed: true or false")
-        if self.target_ceiling and self.cost_unit is None:
-            raise ValueError("pruning.target_ceiling=true with a head budget (no cost target): it bounds a cost; "
-                             "allowed: with target_params, target_flops or target_latency, or target_ceiling=false")
-        if not self.export_fill and self.cost_unit is None:
-            raise ValueError("pruning.export_fill=false with a head budget (no cost target): it decides a cost "
-                             "budget's export; allowed: with target_params, target_flops or target_latency, or "
-                             "export_fill=true")
-        if not self.export_fill and self.eval_gate_mode not in PLAN_MODES:
-            raise ValueError(f"pruning.export_fill=false ships the eval-mode mask, and pruning.eval_gate_mode="
-                             f"{self.eval_gate_mode} is not a mask; allowed: eval_gate_mode in "
-                             f"{', '.join(PLAN_MODES)}, or export_fill=true")
+        check_cost_options(self)
         if self.target_warmup_steps < 0:  # a negative ramp would act as none without a word
             raise ValueError(f"pruning.target_warmup_steps={self.target_warmup_steps} is negative; allowed: an "
                              "integer >= 0")
@@ -342,6 +330,11 @@ class L0Budget(GatedPruning):
                 print(f"note: pruning.target_heads={target} for {kind} over its {layers} layers: uniform_heads keeps "
                       f"{each} per layer ({each * layers} heads)")
         return HeadBudget(gates, targets, self.target_warmup_steps)
+
+    def before_step(self, gates: HeadGates, gated_step: int) -> None:
+        super().before_step(gates, gated_step)  # the layers first: the widths are decided around them
+        unit = self.cost_unit
+        settle_widths(gates, self.settle_widths_at, gated_step, unit, unit and getattr(self, f"target_{unit}"))
 
     def param_groups(self, state: HeadBudget | CostBudget) -> list[dict]:
         # lambda1, lambda2: their gradients are negated (HeadBudget), so this is ascent
