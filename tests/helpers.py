@@ -52,6 +52,10 @@ def fake_timer(models, workload) -> list[float]:
 # the same timer installed in a train.py subprocess (run_train's prefix) before it starts
 FAKE_TIMER = ("import sys", f"sys.path.insert(0, {str(ROOT / 'tests')!r})", "import helpers",
               "import gatedprune.costs.timers as timers", "timers.TIMERS['torch'] = helpers.fake_timer")
+# a latency budget on the smoke model, every kind gated, priced by FAKE_TIMER on a short workload (run_train's overrides)
+SMOKE_LATENCY = ("pruning=l0_budget", "pruning.target_latency=0.6",
+                 "pruning.kinds=[encoder,decoder,cross,encoder_ffn,decoder_ffn,encoder_layer,decoder_layer]",
+                 "pruning.workload.source_tokens=6", "pruning.workload.target_tokens=4", "pruning.workload.repeats=1")
 
 
 def refused_at_setup(run_dir: Path, *overrides: str) -> str:

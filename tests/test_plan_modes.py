@@ -282,14 +282,12 @@ def test_a_run_with_a_settled_depth_ships_that_many_decoder_layers(tmp_path):
     the decoder settles to the one most open layer, and the export keeps that layer alone."""
     import json
 
-    from helpers import FAKE_TIMER, run_train
+    from helpers import FAKE_TIMER, SMOKE_LATENCY, run_train
     from gatedprune.training.checkpoints import load_gated_checkpoint
 
     run = tmp_path / "run"
-    proc = run_train(run, "pruning=l0_budget", "pruning.target_latency=0.6", f"pruning.kinds=[{','.join(ALL_KINDS)}]",
-                     "pruning.target_warmup_steps=5", "pruning.settle_layers_at=8", "pruning.settle_depth={decoder:1}",
-                     "pruning.eval_gate_mode=expected_size", "pruning.workload.source_tokens=6",
-                     "pruning.workload.target_tokens=4", "pruning.workload.repeats=1", prefix=FAKE_TIMER)
+    proc = run_train(run, *SMOKE_LATENCY, "pruning.target_warmup_steps=5", "pruning.settle_layers_at=8",
+                     "pruning.settle_depth={decoder:1}", "pruning.eval_gate_mode=expected_size", prefix=FAKE_TIMER)
     assert proc.returncode == 0, proc.stderr[-3000:]
     _, gates = load_gated_checkpoint(run / "checkpoints" / "last.ckpt")
     decoder = {gates.layers[i]: gates.gates[i].log_alpha.item() for i, k in enumerate(gates.kinds) if k == "decoder_layer"}

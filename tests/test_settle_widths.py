@@ -15,7 +15,7 @@ from gatedprune.costs.build import gate_costs
 from gatedprune.costs.flops import count_flops
 from gatedprune.costs.workload import Workload
 from gatedprune.methods.gated import L0Budget
-from gatedprune.methods.settling import settle_layers
+from gatedprune.methods.settling import settle_layers, settle_widths
 from gatedprune.structures.head_gates import attach_gates
 from gatedprune.structures.kinds import ALL_KINDS
 from gatedprune.surgery.cut import prune_heads
@@ -44,7 +44,7 @@ def _gated(bart3, seed=7):
     return model, gates
 
 
-def test_settled_widths_hold_the_fill_of_that_step_and_every_plan_is_then_that_model(bart3):
+def test_settled_widths_hold_the_fill_of_that_step_and_every_plan_is_then_that_model(bart3, capsys):
     model, gates = _gated(bart3)
     method = L0Budget(target_flops=0.6, kinds=list(ALL_KINDS), settle_layers_at=2, settle_depth={"decoder": 1},
                       settle_widths_at=5, eval_gate_mode="expected_size")
@@ -56,30 +56,49 @@ def test_settled_widths_hold_the_fill_of_that_step_and_every_plan_is_then_that_m
         layers = dict(gates.settled)
         assert len(layers) == 6 and sum(v[0] > 0 for k, v in layers.items() if ".decoder." in k) == 1
         fill = gates.plan("flops", costs.allowed(0.6), note=False)  # what the fill keeps before anything is held
+        capsys.readouterr()
         method.before_step(gates, 5)
+        assert capsys.readouterr().out.count("every gate is settled and held as the fill keeps it") == 1
         assert set(gates.settled) == set(gates.paths) and {k: gates.settled[k] for k in layers} == layers
         assert all(abs(v) == 10.0 for gate in gates.gates for v in gate.log_alpha.tolist())
         for mode in ("binary", "expected_size"):  # the gated model validated is the fill, in either eval mode
             assert gates.plan(mode, note=False) == fill, mode
         assert gates.plan("flops", costs.allowed(0.6), note=False) == fill  # and the export ships it
-        # held: a gated step that moves the gates is undone, and the settling is not redone
+        # held: a gated step that moves the gates is undone, and later steps decide nothing again
         with torch.no_grad():
             for gate in gates.gates:
                 gate.log_alpha.add_(torch.randn(gate.log_alpha.shape) * 30)
         gates.clamp_()
-        method.before_step(gates, 9)
-        assert gates.plan("binary", note=False) == fill
-        # the counts the expected-size mask keeps are the decisions, not P(open) summed over closed gates
-        for kind in set(gates.kinds):
-            decided = sum(sum(v > 0 for v in gates.settled[p]) for p, k in zip(gates.paths, gates.kinds) if k == kind
-                          and (gates.outer[gates.paths.index(p)] is None
-                               or gates.settled[gates.paths[gates.outer[gates.paths.index(p)]]][0] > 0))
-            assert gates.expected_counts()[kind] == decided, kind
+        method.before_step(gates, 6)
+        assert gates.plan("binary", note=False) == fill and "settled" not in capsys.readouterr().out
         # what ships costs at most the target, as torch counts the FLOPs of the cut model
         gates.remove()
         kept = count_flops(_generate, prune_heads(copy.deepcopy(bart3).eval(), fill)) / count_flops(
             _generate, copy.deepcopy(bart3).eval())
         assert 0.5 < kept <= 0.6
+    finally:
+        gates.remove()
+
+
+def test_a_layer_settled_open_that_the_fill_cannot_pay_for_is_dropped_and_said(bart3, capsys):
+    """Every encoder layer settled open, then a target that one layer of the encoder alone cannot fit beside the
+    decoder's: the held model is the fill, not the layers as they were settled (else it would keep layers whose every
+    gate is closed, and the export would drop them)."""
+    model, gates = _gated(bart3, seed=5)
+    try:
+        costs = gates.costs["flops"]
+        target = (costs.floor + costs.floor_with(gates, {"encoder": 1})) / 2  # below any plan with an encoder layer
+        encoder = [i for i, kind in enumerate(gates.kinds) if kind == "encoder_layer"]
+        for i in encoder:
+            gates.settled[gates.paths[i]] = [10.0]
+        gates.clamp_()
+        fill = gates.plan("flops", costs.allowed(target), note=False)
+        assert fill["model.encoder.layers"] == []
+        settle_widths(gates, 4, 4, "flops", target)
+        said = capsys.readouterr().out
+        assert all(f"the fill of the target drops {gates.paths[i]}, settled open" in said for i in encoder)
+        assert gates.plan("binary", note=False) == fill
+        assert all(gates.settled[gates.paths[i]] == [-10.0] for i in encoder)
     finally:
         gates.remove()
 
@@ -103,9 +122,9 @@ def test_settled_widths_without_settled_layers_decide_the_layers_by_the_fill_too
      "numbers"),  # every numeric option's check, before this one's
     (dict(settle_widths_at=2.5, target_latency=0.6), "pruning.settle_widths_at=2.5; allowed: null or an integer "
      ">= 1 (a gated step)"),
-    (dict(settle_widths_at=100, settle_layers_at=100, target_latency=0.6), "pruning.settle_widths_at=100 is not "
-     "after pruning.settle_layers_at=100: the widths are decided around settled layers; allowed: an integer > 100, "
-     "or null"),
+    (dict(settle_widths_at=99, settle_layers_at=100, target_latency=0.6), "pruning.settle_widths_at=99 is before "
+     "pruning.settle_layers_at=100: the widths are decided around settled layers; allowed: an integer >= 100, or "
+     "null"),
     (dict(settle_widths_at=100, target_heads=0.5), "pruning.settle_widths_at=100 with a head budget (no cost "
      "target): it settles at a cost's plan; allowed: with target_params, target_flops or target_latency, or "
      "settle_widths_at=null"),
@@ -127,14 +146,12 @@ def test_a_widths_settling_step_after_the_gated_phase_is_refused_with_the_steps_
 def test_a_run_that_settles_its_widths_ships_the_model_it_validated(tmp_path):
     """The smoke model priced by the fake timer: layers settled at gated step 8, every other gate at 12 as the fill
     keeps it; the gated model validated after that is the export (the same plan, the same validation BLEU)."""
-    from helpers import FAKE_TIMER, run_train
+    from helpers import FAKE_TIMER, SMOKE_LATENCY, run_train
     from gatedprune.training.checkpoints import load_gated_checkpoint
 
     run = tmp_path / "run"
-    proc = run_train(run, "pruning=l0_budget", "pruning.target_latency=0.6", f"pruning.kinds=[{','.join(ALL_KINDS)}]",
-                     "pruning.target_warmup_steps=5", "pruning.settle_layers_at=8", "pruning.settle_widths_at=12",
-                     "pruning.eval_gate_mode=expected_size", "pruning.workload.source_tokens=6",
-                     "pruning.workload.target_tokens=4", "pruning.workload.repeats=1", prefix=FAKE_TIMER)
+    proc = run_train(run, *SMOKE_LATENCY, "pruning.target_warmup_steps=5", "pruning.settle_layers_at=8",
+                     "pruning.settle_widths_at=12", "pruning.eval_gate_mode=expected_size", prefix=FAKE_TIMER)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("gated step 12: note: every gate is settled and held as the fill keeps it") == 1
     _, gates = load_gated_checkpoint(run / "checkpoints" / "last.ckpt")
@@ -142,7 +159,7 @@ def test_a_run_that_settles_its_widths_ships_the_model_it_validated(tmp_path):
     assert all(abs(v) == 10.0 for gate in gates.gates for v in gate.log_alpha.tolist())
     metrics = json.loads((run / "metrics.json").read_text())
     plan = gates.plan("binary", note=False)
-    assert metrics["plan"] == {path: kept for path, kept in plan.items() if path in metrics["plan"]}
+    assert len(metrics["plan"]) > 10 and metrics["plan"] == {p: kept for p, kept in plan.items() if p in metrics["plan"]}
     assert metrics["gated"]["kept"] == metrics["kept"]  # the model validated is the one shipped
     assert metrics["gated"]["bleu"] == pytest.approx(metrics["bleu"], abs=1e-9)
     costs = metrics["budget"]["latency"]
@@ -174,5 +191,21 @@ def test_a_settled_gate_counts_its_decision_in_the_expected_size_not_its_p_open(
         assert gates.expected_counts() == {"encoder_ffn": len(open_)}
         kept = gates.plan_mask("expected_size", note=False)
         assert {(site, unit) for site, mask in enumerate(kept) for unit in torch.nonzero(mask).flatten().tolist()} == open_
+    finally:
+        gates.remove()
+
+
+def test_layers_and_widths_may_settle_at_one_step_the_layers_first(bart3):
+    model, gates = _gated(bart3, seed=9)
+    try:
+        method = L0Budget(target_flops=0.6, kinds=list(ALL_KINDS), settle_layers_at=3, settle_depth={"decoder": 1},
+                          settle_widths_at=3)
+        method.before_step(gates, 3)
+        decoder = [gates.settled[gates.paths[i]][0] for i, kind in enumerate(gates.kinds) if kind == "decoder_layer"]
+        assert sorted(decoder) == [-10.0, -10.0, 10.0]  # the depth given, then every width around it
+        assert set(gates.settled) == set(gates.paths)
+        # stop_when_stable counts the plan's stability only once it can no longer move: after the ramp and the widths
+        assert method.settles_from() == 100 and L0Budget(target_latency=0.6, settle_widths_at=7).settles_from() == 100
+        assert L0Budget(target_latency=0.6, settle_widths_at=200).settles_from() == 200
     finally:
         gates.remove()

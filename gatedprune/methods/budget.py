@@ -28,7 +28,6 @@ import torch
 from torch import nn
 
 from gatedprune.costs.linear import shown_fraction
-from gatedprune.methods.settling import check_widths
 from gatedprune.structures.adapters import ATTENTION_KINDS
 from gatedprune.structures.head_gates import PLAN_MODES, HeadGates
 
@@ -67,12 +66,11 @@ class _Lagrangian(nn.Module):
 
 
 def check_cost_options(method) -> None:
-    """Refuse, in one line, a budget's option the run cannot use: a true/false option given something else, an option
-    of cost budgets under a head budget, and the eval-mode mask shipped (``export_fill=false``) with no mask."""
+    """Refuse, in one line, an ``L0Budget`` option the run cannot use: a true/false option given something else, an
+    option of cost budgets under a head budget, and the eval-mode mask shipped (``export_fill=false``) with no mask."""
     for name in ("target_ceiling", "export_fill"):
         if not isinstance(getattr(method, name), bool):
             raise ValueError(f"pruning.{name}={getattr(method, name)!r}; allowed: true or false")
-    check_widths(method.settle_widths_at, method.settle_layers_at)
     cost_only = {"target_ceiling": (method.target_ceiling, "it bounds a cost", "false"),
                  "export_fill": (not method.export_fill, "it decides a cost budget's export", "true"),
                  "settle_widths_at": (method.settle_widths_at is not None, "it settles at a cost's plan", "null")}

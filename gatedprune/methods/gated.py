@@ -30,8 +30,8 @@ from gatedprune.methods.base import Method
 from gatedprune.costs.build import gate_costs
 from gatedprune.costs.workload import Workload
 from gatedprune.methods.budget import CostBudget, HeadBudget, check_cost_options, resolve_targets
-from gatedprune.methods.settling import (check_depth, check_depth_fits, check_inside, check_settling, settle_layers,
-                                         settle_widths)
+from gatedprune.methods.settling import (check_depth, check_depth_fits, check_inside, check_settling, check_widths,
+                                         settle_layers, settle_widths)
 from gatedprune.shipping.export_dir import check_out_dir
 from gatedprune.structures.hard_concrete import GateOptions
 from gatedprune.structures.head_gates import MODES, PENALTY_NORMALISATIONS, HeadGates
@@ -204,7 +204,8 @@ class GatedPruning(Method):
         # a run that gates nothing (a dense run: start_step past max_steps) has no layers to settle
         gating = self._gated_steps is not None and self._gated_steps > 0
         if gating:
-            check_inside(self, ("settle_layers_at", "settle_widths_at"), max_steps)
+            steps = {name: getattr(self, name, None) for name in ("settle_layers_at", "settle_widths_at")}
+            check_inside(steps, self._gated_steps, max_steps, self.start_step)
         if self.final_temperature is not None and not self._gated_steps:
             raise ValueError(f"pruning.final_temperature={self.final_temperature} anneals over the gated phase, which "
                              f"has no end (trainer.max_steps={max_steps}); allowed: a trainer.max_steps > "
@@ -280,7 +281,7 @@ class L0Budget(GatedPruning):
     # eval-mode mask (eval_gate_mode: binary or expected_size) wherever it fits the target, so the export is the
     # model validated (the fill where it does not fit)
     export_fill: bool = True
-    # at this gated step (after settle_layers_at) decide every gate as the fill would ship it then (the most open
+    # at this gated step (settle_layers_at or later) decide every gate as the fill would ship it then (the most open
     # structures that fit the target) and hold it: the rest of the gated phase trains the model that ships (0l)
     settle_widths_at: int | None = None
 
@@ -302,6 +303,7 @@ class L0Budget(GatedPruning):
                              "pruning.target_latency uses; allowed: with target_latency, or table null")
         self.cost_dirs = [Path(self.cost_dir)] if self.cost_dir else []
         check_cost_options(self)
+        check_widths(self.settle_widths_at, self.settle_layers_at)
         if self.target_warmup_steps < 0:  # a negative ramp would act as none without a word
             raise ValueError(f"pruning.target_warmup_steps={self.target_warmup_steps} is negative; allowed: an "
                              "integer >= 0")
@@ -366,8 +368,8 @@ class L0Budget(GatedPruning):
             )
         return super().check_outputs(export, tuning, run_dir)
 
-    def settles_from(self) -> int:
-        return self.target_warmup_steps  # while the target ramps down, the top-k set has not been asked to settle
+    def settles_from(self) -> int:  # while the target ramps down (or until the widths are held) the plan still moves
+        return max(self.target_warmup_steps, self.settle_widths_at or 0)
 
     def check_schedule(self, max_steps: int | None) -> None:
         """A target ramp longer than the gated phase never reaches the budget: it is cut to the first half of the gated

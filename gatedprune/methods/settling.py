@@ -13,10 +13,10 @@ gates; a stack ``settle_depth`` does not name keeps its expected count, so settl
 open, nearly all of it). docs/gates.md 0i: the gates kept the top decoder layers at every seed and both targets,
 where the random structures that scored highest at 0.67 kept layers 0 and 1.
 
-``settle_widths_at`` (a cost budget's) then decides every other gate as the fill would ship it at that step (the most
-open structures whose cost fits the target, ``StructureCosts.within``) and holds it, so the rest of the gated phase
-trains the model that ships: its deterministic gates cost what the export costs, and the export is the model
-validated. docs/gates.md 0l: at 0.55 the gated phases ended 2-3% under the target, 30-42% of what a plan may spend
+``settle_widths_at`` (a cost budget's) then decides every gate as the fill would ship it at that step (the most open
+structures whose cost fits the target, ``StructureCosts.within``) and holds it, so the rest of the gated phase trains
+the model that ships (each held gate sampled at log_alpha +-10, as a settled layer is): its deterministic gates cost
+what the export costs, and the export is the model validated. docs/gates.md 0l: at 0.55 the gated phases ended 2-3% under the target, 30-42% of what a plan may spend
 beyond its one emptied decoder layer (0.512 of the dense latency), and filling a gated model's export up to the
 target scored 1.6-1.8 validation BLEU below the gated model.
 """
@@ -69,19 +69,17 @@ def check_widths(widths_at, layers_at) -> None:
         return
     if isinstance(widths_at, bool) or not isinstance(widths_at, int) or widths_at < 1:
         raise ValueError(f"pruning.settle_widths_at={widths_at}; allowed: null or an integer >= 1 (a gated step)")
-    if layers_at is not None and widths_at <= layers_at:
-        raise ValueError(f"pruning.settle_widths_at={widths_at} is not after pruning.settle_layers_at={layers_at}: "
-                         f"the widths are decided around settled layers; allowed: an integer > {layers_at}, or null")
+    if layers_at is not None and widths_at < layers_at:
+        raise ValueError(f"pruning.settle_widths_at={widths_at} is before pruning.settle_layers_at={layers_at}: the "
+                         f"widths are decided around settled layers; allowed: an integer >= {layers_at}, or null")
 
 
-def check_inside(method, names, max_steps: int) -> None:
-    """Refuse a settling step (each of ``names`` the method has and sets) that is not inside the gated phase."""
-    steps = method._gated_steps
-    for name in names:
-        at = getattr(method, name, None)
+def check_inside(names: dict, steps: int, max_steps: int, start_step: int) -> None:
+    """Refuse a settling step (``names``: {option: step or None}) that is not inside the gated phase of ``steps``."""
+    for name, at in names.items():
         if at is not None and at >= steps:
             raise ValueError(f"pruning.{name}={at} is not inside the gated phase ({steps} steps: trainer.max_steps="
-                             f"{max_steps} - pruning.start_step={method.start_step}); allowed: an integer in [1, "
+                             f"{max_steps} - pruning.start_step={start_step}); allowed: an integer in [1, "
                              f"{steps - 1}], or null, or a longer gated phase (gated_steps)")
 
 
@@ -124,14 +122,17 @@ def settle_layers(gates: HeadGates, settle_at: int | None, depth, gated_step: in
 
 
 def settle_widths(gates: HeadGates, settle_at: int | None, gated_step: int, unit: str | None, target) -> None:
-    """Before each gated step: from ``settle_at`` on, every gate not yet settled is decided as the fill keeps it (the
-    most open structures whose ``unit`` cost fits ``target``) and held (once; a resumed run finds them settled)."""
-    if settle_at is None or gated_step < settle_at or all(path in gates.settled for path in gates.paths):
+    """At gated step ``settle_at`` (after the layers, when both settle then), every gate is decided as the fill keeps
+    it (the most open structures whose ``unit`` cost fits ``target``) and held; a resumed run finds them in its
+    checkpoint. A layer settled open whose fixed cost the fill cannot pay is dropped with its content, and said."""
+    if settle_at is None or gated_step != settle_at:
         return
     costs = gates.costs[unit]
     mask = gates.plan_mask(unit, costs.allowed(target), note=False)
-    for path, kept in zip(gates.paths, mask):
-        gates.settled.setdefault(path, [10.0 if k else -10.0 for k in kept.tolist()])
+    for i, (path, kept) in enumerate(zip(gates.paths, mask)):
+        if gates.structures[i] == "layer" and gates.settled.get(path, [0.0])[0] > 0 and not kept[0]:
+            print(f"note: the fill of the target drops {path}, settled open: it does not fit with the rest")
+        gates.settled[path] = [10.0 if k else -10.0 for k in kept.tolist()]
     gates.clamp_()
     kept = costs.total - costs.prunable + costs.kept(gates, torch.cat(gates.plan_mask("binary", note=False)))
     print(f"gated step {gated_step}: note: every gate is settled and held as the fill keeps it, "

@@ -221,10 +221,10 @@ class HeadGates(GateCounts, nn.Module):
     # ---- gates -> plan ---------------------------------------------------------------------------------------------
     @torch.no_grad()
     def expected_counts(self) -> dict[str, int]:
-        """Per gated kind, its expected number of open gates rounded, nested as the budget counts it (a gate inside
-        a gated layer counts P(gate) x P(layer)): the size CoFiPruning's deterministic mask keeps of each kind. A
-        settled gate counts its decision, 1 or 0: at log_alpha -10 P(open) is still about 1e-4, which over thousands of
-        closed units would round a kind up by one more than was decided."""
+        """Per gated kind, its expected number of open gates rounded, nested (a gate inside a gated layer counts
+        P(gate) x P(layer)): the size CoFiPruning's deterministic mask keeps of each kind. A settled gate counts its
+        decision, 1 or 0, where the budget's expected cost still counts its P(open): at log_alpha -10 that is about
+        1e-4, which over thousands of closed units would round a kind up by one more than was decided."""
         held = [(g.log_alpha > 0).to(g.log_alpha.dtype) if p in self.settled else g.p_open()
                 for p, g in zip(self.paths, self.gates)]
         sums = Counter()
