@@ -159,7 +159,8 @@ def test_a_run_that_settles_its_widths_ships_the_model_it_validated(tmp_path):
     assert all(abs(v) == 10.0 for gate in gates.gates for v in gate.log_alpha.tolist())
     metrics = json.loads((run / "metrics.json").read_text())
     plan = gates.plan("binary", note=False)
-    assert len(metrics["plan"]) > 10 and metrics["plan"] == {p: kept for p, kept in plan.items() if p in metrics["plan"]}
+    attention = {path for path, kind in zip(gates.paths, gates.kinds) if kind in ("encoder", "decoder", "cross")}
+    assert len(attention) == 6 and metrics["plan"] == {path: plan[path] for path in attention}  # its heads
     assert metrics["gated"]["kept"] == metrics["kept"]  # the model validated is the one shipped
     assert metrics["gated"]["bleu"] == pytest.approx(metrics["bleu"], abs=1e-9)
     costs = metrics["budget"]["latency"]
