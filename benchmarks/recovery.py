@@ -125,7 +125,7 @@ BOTTOM2_CEILING = (*BOTTOM2, "pruning.target_ceiling=true")
 # the decoder's last self-attention head closed at every seed, and it recovered 3.09 below random structures (0k)
 BOTTOM1_CEILING = (*BOTTOM1, "pruning.target_ceiling=true")
 # gates_bottom1 exported with the fill (the most open structures up to the target) instead of its mask: at 0.55 the
-# gated phases end 2-3% under the target, 30-42% of what a plan may spend beyond its one emptied decoder layer (0.512
+# gated phases end 2-3% under the target, 32-42% of what a plan may spend beyond its one emptied decoder layer (0.512
 # of the dense latency by the kept fit), which random structures spend in full (0l)
 BOTTOM1_FILL = (*(o for o in BOTTOM1 if o != "pruning.export_fill=false"), "pruning.export_fill=true")
 # the fill's export scored 1.6-1.8 validation BLEU below its gated model (criterion 2 missed): gates_bottom1_widths
