@@ -16,9 +16,9 @@ where the random structures that scored highest at 0.67 kept layers 0 and 1.
 ``settle_widths_at`` (a cost budget's) then decides every gate as the fill would ship it at that step (the most open
 structures whose cost fits the target, ``StructureCosts.within``) and holds it, so the rest of the gated phase trains
 the model that ships (each held gate sampled at log_alpha +-10, as a settled layer is): its deterministic gates cost
-what the export costs, and the export is the model validated. docs/gates.md 0l: at 0.55 the gated phases ended 2-3% under the target, 32-42% of what a plan may spend
-beyond its one emptied decoder layer (0.512 of the dense latency), and filling a gated model's export up to the
-target scored 1.6-1.8 validation BLEU below the gated model.
+what the export costs, and the export is the model validated. docs/gates.md 0l: at 0.55 the gated phases ended 2-3%
+under the target, 32-42% of what a plan may spend beyond its one emptied decoder layer (0.512 of the dense
+latency), and filling a gated model's export up to the target scored 1.6-1.8 validation BLEU below the gated model.
 """
 
 from __future__ import annotations
