@@ -870,6 +870,14 @@ def test_the_readme_s_recovery_numbers_are_the_cells():
               for n in bench.POOLED["speed_2026-12-06"]]
     assert f"a copy of the teacher timed {min(floors):.2f}-{max(floors):.2f}x the teacher" in readme
     assert (max(timings) >= 1.5) == ("not shown to reach 1.5x" in readme)
+    # the 0.55 sentence: gates_bottom1_widths against random structures and even layers, three seeds each
+    widths, random, even = (bench._scores(list(cells.values()), start, bench.LOW, 1000, "gates")
+                            for start in ("gates_bottom1_widths", "random", "even_layers"))
+    assert all(widths["by_seed"][s] > random["by_seed"][s] for s in bench.SEEDS) and len(even["by_seed"]) == 3
+    assert (f"the gates score {widths['mean']:.2f} ± {widths['std']:.2f} test BLEU after 1,000 steps over three "
+            f"seeds: above random structures at every seed ({random['mean']:.2f} ± {random['std']:.2f}), and level "
+            f"with even layers ({even['mean']:.2f} ± {even['std']:.2f})") in readme
+    assert abs(widths["mean"] - even["mean"]) < 0.05  # "level"
 
 
 def test_the_default_run_is_the_first_layers_protocol_the_grid_measured(tmp_path):
