@@ -14,6 +14,7 @@ from helpers import tiny_bart3
 from gatedprune.costs.build import gate_costs
 from gatedprune.costs.flops import count_flops
 from gatedprune.costs.workload import Workload
+from gatedprune.methods.budget import CostBudget
 from gatedprune.methods.gated import L0Budget
 from gatedprune.methods.settling import settle_layers, settle_widths
 from gatedprune.structures.head_gates import attach_gates
@@ -44,20 +45,25 @@ def _gated(bart3, seed=7):
     return model, gates
 
 
+def _budget(gates, target):
+    """The state L0Budget.build gives a FLOPs target, on the costs of the test's own workload."""
+    return CostBudget(gates, "flops", target, warmup_steps=0)
+
+
 def test_settled_widths_hold_the_fill_of_that_step_and_every_plan_is_then_that_model(bart3, capsys):
     model, gates = _gated(bart3)
     method = L0Budget(target_flops=0.6, kinds=list(ALL_KINDS), settle_layers_at=2, settle_depth={"decoder": 1},
                       settle_widths_at=5, eval_gate_mode="expected_size")
     try:
-        costs = gates.costs["flops"]
-        method.before_step(gates, 1)
+        costs, budget = gates.costs["flops"], _budget(gates, 0.6)
+        method.before_step(gates, budget, 1)
         assert not gates.settled  # neither step reached
-        method.before_step(gates, 2)  # the layers first, then the fill around them
+        method.before_step(gates, budget, 2)  # the layers first, then the fill around them
         layers = dict(gates.settled)
         assert len(layers) == 6 and sum(v[0] > 0 for k, v in layers.items() if ".decoder." in k) == 1
         fill = gates.plan("flops", costs.allowed(0.6), note=False)  # what the fill keeps before anything is held
         capsys.readouterr()
-        method.before_step(gates, 5)
+        method.before_step(gates, budget, 5)
         assert capsys.readouterr().out.count("every gate is settled and held as the fill keeps it") == 1
         assert set(gates.settled) == set(gates.paths) and {k: gates.settled[k] for k in layers} == layers
         assert all(abs(v) == 10.0 for gate in gates.gates for v in gate.log_alpha.tolist())
@@ -69,7 +75,7 @@ def test_settled_widths_hold_the_fill_of_that_step_and_every_plan_is_then_that_m
             for gate in gates.gates:
                 gate.log_alpha.add_(torch.randn(gate.log_alpha.shape) * 30)
         gates.clamp_()
-        method.before_step(gates, 6)
+        method.before_step(gates, budget, 6)
         assert gates.plan("binary", note=False) == fill and "settled" not in capsys.readouterr().out
         # what ships costs at most the target, as torch counts the FLOPs of the cut model
         gates.remove()
@@ -94,7 +100,7 @@ def test_a_layer_settled_open_that_the_fill_cannot_pay_for_is_dropped_and_said(b
         gates.clamp_()
         fill = gates.plan("flops", costs.allowed(target), note=False)
         assert fill["model.encoder.layers"] == []
-        settle_widths(gates, 4, 4, "flops", target)
+        settle_widths(gates, 4, 4, _budget(gates, target))
         said = capsys.readouterr().out
         assert all(f"the fill of the target drops {gates.paths[i]}, settled open" in said for i in encoder)
         assert gates.plan("binary", note=False) == fill
@@ -107,7 +113,8 @@ def test_settled_widths_without_settled_layers_decide_the_layers_by_the_fill_too
     model, gates = _gated(bart3, seed=3)
     try:
         fill = gates.plan("flops", gates.costs["flops"].allowed(0.7), note=False)
-        L0Budget(target_flops=0.7, kinds=list(ALL_KINDS), settle_widths_at=3).before_step(gates, 3)
+        method = L0Budget(target_flops=0.7, kinds=list(ALL_KINDS), settle_widths_at=3)
+        method.before_step(gates, _budget(gates, 0.7), 3)
         assert set(gates.settled) == set(gates.paths) and gates.plan("binary", note=False) == fill
         settle_layers(gates, 1, None, gated_step=4)  # every layer gate is settled already: nothing moves
         assert gates.plan("binary", note=False) == fill
@@ -201,7 +208,7 @@ def test_layers_and_widths_may_settle_at_one_step_the_layers_first(bart3):
     try:
         method = L0Budget(target_flops=0.6, kinds=list(ALL_KINDS), settle_layers_at=3, settle_depth={"decoder": 1},
                           settle_widths_at=3)
-        method.before_step(gates, 3)
+        method.before_step(gates, _budget(gates, 0.6), 3)
         decoder = [gates.settled[gates.paths[i]][0] for i, kind in enumerate(gates.kinds) if kind == "decoder_layer"]
         assert sorted(decoder) == [-10.0, -10.0, 10.0]  # the depth given, then every width around it
         assert set(gates.settled) == set(gates.paths)

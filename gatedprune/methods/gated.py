@@ -133,8 +133,9 @@ class GatedPruning(Method):
         check_depth(self.settle_depth, gates)
         return None
 
-    def before_step(self, gates: HeadGates, gated_step: int) -> None:
-        """Called before each gated step: the layer gates settle at ``settle_layers_at`` (``methods.settling``)."""
+    def before_step(self, gates: HeadGates, state: nn.Module | None, gated_step: int) -> None:
+        """Called before each gated step, with ``build``'s state: the layer gates settle at ``settle_layers_at``
+        (``methods.settling``)."""
         settle_layers(gates, self.settle_layers_at, self.settle_depth, gated_step, self.settle_keep)
 
     def penalty(self, gates: HeadGates, state: nn.Module | None, gated_step: int) -> tuple[torch.Tensor, dict]:
@@ -333,10 +334,9 @@ class L0Budget(GatedPruning):
                       f"{each} per layer ({each * layers} heads)")
         return HeadBudget(gates, targets, self.target_warmup_steps)
 
-    def before_step(self, gates: HeadGates, gated_step: int) -> None:
-        super().before_step(gates, gated_step)  # the layers first: the widths are decided around them
-        unit = self.cost_unit
-        settle_widths(gates, self.settle_widths_at, gated_step, unit, unit and getattr(self, f"target_{unit}"))
+    def before_step(self, gates: HeadGates, state: HeadBudget | CostBudget, gated_step: int) -> None:
+        super().before_step(gates, state, gated_step)  # the layers first: the widths are decided around them
+        settle_widths(gates, self.settle_widths_at, gated_step, state)  # a cost budget: check_cost_options
 
     def param_groups(self, state: HeadBudget | CostBudget) -> list[dict]:
         # lambda1, lambda2: their gradients are negated (HeadBudget), so this is ascent

@@ -23,11 +23,16 @@ latency), and filling a gated model's export up to the target scored 1.6-1.8 val
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from gatedprune.costs.linear import shown_fraction
 from gatedprune.structures.head_gates import HeadGates
 from gatedprune.structures.kinds import KINDS, LAYER_KINDS, layer_kind
+
+if TYPE_CHECKING:
+    from gatedprune.methods.budget import CostBudget
 
 STACKS = tuple(KINDS[kind].stack for kind in LAYER_KINDS)
 KEEP = ("open", "bottom")  # which layers a settled stack keeps: its most open gates, or its first layers
@@ -121,19 +126,18 @@ def settle_layers(gates: HeadGates, settle_at: int | None, depth, gated_step: in
         gates.settle_(layers, counts=counts)
 
 
-def settle_widths(gates: HeadGates, settle_at: int | None, gated_step: int, unit: str | None, target) -> None:
+def settle_widths(gates: HeadGates, settle_at: int | None, gated_step: int, budget: CostBudget) -> None:
     """At gated step ``settle_at`` (after the layers, when both settle then), every gate is decided as the fill keeps
-    it (the most open structures whose ``unit`` cost fits ``target``) and held; a resumed run finds them in its
-    checkpoint. A layer settled open whose fixed cost the fill cannot pay is dropped with its content, and said."""
+    it (the most open structures whose cost fits ``budget``'s target, as the export counts it: ``kept_allowed``) and
+    held; a resumed run finds them in its checkpoint. A layer settled open whose fixed cost the fill cannot pay is
+    dropped with its content, and said."""
     if settle_at is None or gated_step != settle_at:
         return
-    costs = gates.costs[unit]
-    mask = gates.plan_mask(unit, costs.allowed(target), note=False)
-    for i, (path, kept) in enumerate(zip(gates.paths, mask)):
-        if gates.structures[i] == "layer" and gates.settled.get(path, [0.0])[0] > 0 and not kept[0]:
+    mask = gates.plan_mask(budget.unit, budget.kept_allowed, note=False)
+    for path, structure, kept in zip(gates.paths, gates.structures, mask):
+        if structure == "layer" and gates.settled.get(path, [0.0])[0] > 0 and not kept[0]:
             print(f"note: the fill of the target drops {path}, settled open: it does not fit with the rest")
-        gates.settled[path] = [10.0 if k else -10.0 for k in kept.tolist()]
-    gates.clamp_()
-    kept = costs.total - costs.prunable + costs.kept(gates, torch.cat(gates.plan_mask("binary", note=False)))
+    gates.hold_(dict(zip(gates.paths, mask)))
+    kept = budget.kept_fraction(torch.cat(gates.plan_mask("binary", note=False)))
     print(f"gated step {gated_step}: note: every gate is settled and held as the fill keeps it, "
-          f"{kept / costs.total:.3f} of the dense model's {unit} (target {target})")
+          f"{kept:.3f} of the dense model's {budget.unit} (target {budget.target})")

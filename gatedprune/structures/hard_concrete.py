@@ -52,6 +52,15 @@ class GateOptions:
                              f"(low, high) with low < high, got {tuple(self.log_alpha_range)}")
 
 
+# |log_alpha| of a gate decided and held (HeadGates.hold_): with the default stretch its deterministic value is
+# exactly 0 or 1 and P(open) about 1e-4 from it
+HELD = 10.0
+
+
+def decided(kept) -> torch.Tensor:
+    """The log_alpha of gates decided open (True) or closed (False), one per entry of ``kept``: +-HELD.  # (H,)"""
+    return torch.where(torch.as_tensor(kept, dtype=torch.bool), HELD, -HELD)
+
 class HardConcreteGate(nn.Module):
     """``num_heads`` independent hard-concrete gates for one attention module."""
 

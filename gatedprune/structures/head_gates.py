@@ -20,7 +20,7 @@ from torch import nn
 from gatedprune.costs.linear import StructureCosts
 from gatedprune.structures.adapters import probe
 from gatedprune.structures.gate_counts import GateCounts
-from gatedprune.structures.hard_concrete import GATE_MODES, GateOptions, HardConcreteGate
+from gatedprune.structures.hard_concrete import GATE_MODES, GateOptions, HardConcreteGate, decided
 from gatedprune.structures.kinds import ALL_KINDS, ATTENTION_KINDS, KINDS, check_kinds
 from gatedprune.structures.sites import structure_sites
 from gatedprune.structures.uniform import even_out, uniform_kinds
@@ -321,12 +321,11 @@ class HeadGates(GateCounts, nn.Module):
             if self.structures[i] == "layer":
                 layers = plan.get(self.layers_paths[self.kinds[i]])
                 if layers is not None:
-                    gate.log_alpha.fill_(10.0 if self.layers[i] in layers else -10.0)
+                    gate.log_alpha.copy_(decided([self.layers[i] in layers]))
             elif path in plan:
                 size, kept = self.group_sizes[i], set(plan[path])
-                open_ = [g for g in range(gate.num_heads) if all(g * size + j in kept for j in range(size))]
-                gate.log_alpha.fill_(-10.0)
-                gate.log_alpha[open_] = 10.0
+                gate.log_alpha.copy_(decided([all(g * size + j in kept for j in range(size))
+                                              for g in range(gate.num_heads)]))
         return self
 
     @torch.no_grad()
@@ -338,16 +337,22 @@ class HeadGates(GateCounts, nn.Module):
         mask = self.plan_mask("top-k", {**self.expected_counts(), **(counts or {})}, note=False)
         kept: dict[str, list[int]] = {}
         for i, kind in enumerate(self.kinds):
-            if kind in kinds:
-                self.settled[self.paths[i]] = [10.0 if k else -10.0 for k in mask[i].tolist()]
-                if self.structures[i] == "layer" and mask[i].item():
-                    kept.setdefault(self.stacks[i], []).append(self.layers[i])
-        self.clamp_()
+            if kind in kinds and self.structures[i] == "layer" and mask[i].item():
+                kept.setdefault(self.stacks[i], []).append(self.layers[i])
+        self.hold_({self.paths[i]: mask[i] for i, kind in enumerate(self.kinds) if kind in kinds})
         if note:
             print("note: the gates of " + ", ".join(kinds) + " are settled and held: kept layers "
                   + "; ".join(f"{stack} {kept.get(stack, [])}" for stack in sorted({self.stacks[i] for i, k in
                                                                                  enumerate(self.kinds) if k in kinds})))
         return kept
+
+    @torch.no_grad()
+    def hold_(self, masks: dict[str, torch.Tensor]) -> None:
+        """Decide the gates at each path of ``masks`` (a bool per gate: open or closed) and hold them there from
+        now on: ``clamp_`` puts them back after every step, and the state a checkpoint keeps names them."""
+        for path, kept in masks.items():
+            self.settled[path] = decided(kept).tolist()
+        self.clamp_()
 
     @torch.no_grad()
     def clamp_(self) -> None:

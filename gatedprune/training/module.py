@@ -122,7 +122,7 @@ class GatedSeq2Seq(L.LightningModule):
         self.gates.set_mode(self._train_gate_mode())
         if self.gating:
             self.gates.set_temperature(self.pruning.temperature(self.global_step - self.pruning.start_step))
-            self.pruning.before_step(self.gates, self.global_step - self.pruning.start_step)
+            self.pruning.before_step(self.gates, self.budget, self.global_step - self.pruning.start_step)
         if self.pruning.distill.on and self.gating:
             ce, loss = self._distilled(batch)
         else:
