@@ -9,6 +9,8 @@ interleaved repeats against the teacher, in one process), and the noise floor (a
 
     .venv/bin/python benchmarks/fit_per_runtime.py fits     # the four fits not yet in docs/benchmarks/fit_per_runtime/
     .venv/bin/python benchmarks/fit_per_runtime.py table    # the table, from the fits and the recovery cells
+    .venv/bin/python benchmarks/fit_per_runtime.py additivity --workload "ct2 int8 b32" --results DIR
+        # the fit's own probes beside cuts of every kind at once, priced by the fit of the probes of each round
 
 Measure the fits on the machine, and at the load, that ``recovery.py measure`` timed on: a fit of another machine
 predicts another machine's speed-ups. A later measurement of some cells (``recovery.py measure --cells``, on another
@@ -125,9 +127,78 @@ def report(rows: list[dict], floor: dict | None) -> str:
     return "\n".join(lines)
 
 
+# Does a runtime's time add up by kind? The fit is made from probes that each cut one kind with the rest dense; the
+# models it prices cut every kind at once. ``additivity`` times both side by side (each width cut to each fraction at
+# once, with the decoder's depth kept and at one layer) and prices the combined cuts by the fit of the single-kind
+# probes timed in the same round: where the fit meets its own probes but misses the combined cuts, the costs of this
+# runtime and batch do not add (docs/gates.md 0h, CTranslate2 int8 at batch 32 on the AMD machine)
+COMBINED_FRACTIONS = (0.5, 0.1, 0.0)
+
+
+def combined_plans(model, fractions=COMBINED_FRACTIONS) -> list[tuple[str, dict]]:
+    """``[(name, plan)]``: every head and FFN kind cut to each fraction at once (the first units kept), then each of
+    those with the decoder kept to its first layer."""
+    from gatedprune.costs.counts import kind_sites
+    from gatedprune.structures.adapters import probe
+    from gatedprune.structures.kinds import KINDS
+
+    widths = {kind: sites for kind, sites in kind_sites(model).items() if KINDS[kind].structure != "layer"}
+    plans = [(f"every width {f:g}", {s.path: list(range(round(f * s.num_units))) for sites in widths.values()
+                                     for s in sites}) for f in fractions]
+    decoder = probe(model).layers["decoder"]
+    return [*plans, ("one decoder layer", {decoder: [0]}),
+            *((f"{name}, one decoder layer", {**plan, decoder: [0]}) for name, plan in plans)]
+
+
+def additivity(model, workload, timer, rounds: int) -> list[dict]:
+    """Per probe (the fit's own, then ``combined_plans``): its structures, its seconds in each round (``timer``: one
+    interleaved timing of every probe per call), and per round the prediction of the fit made from that round's
+    single-kind probes alone."""
+    import copy
+
+    from gatedprune.costs.counts import features
+    from gatedprune.costs.latency import fit, probe_plans
+    from gatedprune.surgery.cut import prune_heads
+
+    plans = [(name, plan, True) for name, plan in probe_plans(model, workload.probe_fractions)]
+    plans += [(name, plan, False) for name, plan in combined_plans(model)]
+    models = [prune_heads(copy.deepcopy(model), plan) if plan else copy.deepcopy(model) for _, plan, _ in plans]
+    rows = [{"probe": name, "fitted": own, "structures": features(m), "seconds": [], "predicted": []}
+            for (name, _, own), m in zip(plans, models)]
+    for r in range(rounds):
+        seconds = timer(models, workload)
+        own = [(row["structures"], t) for row, t in zip(rows, seconds) if row["fitted"]]
+        base, coefficients = fit([n for n, _ in own], [t for _, t in own])
+        for row, t in zip(rows, seconds):
+            row["seconds"].append(float(t))
+            row["predicted"].append(base + sum(coefficients[k] * n for k, n in row["structures"].items()))
+        print(f"round {r + 1} of {rounds}: timed {len(models)} probes")
+    return rows
+
+
+def additivity_report(rows: list[dict], key: str) -> str:
+    """One line per probe: its median time over the rounds (and their range), the fit's median prediction, and how
+    far that is off (predicted over measured, minus 1)."""
+    def off(row):
+        return statistics.median(p / t - 1 for p, t in zip(row["predicted"], row["seconds"]))
+
+    table_rows = [(row["probe"] + ("" if row["fitted"] else " (combined)"),
+                   f"{1e3 * statistics.median(row['seconds']):.1f} ({1e3 * min(row['seconds']):.1f}-"
+                   f"{1e3 * max(row['seconds']):.1f})", f"{1e3 * statistics.median(row['predicted']):.1f}",
+                   f"{100 * off(row):+.0f}%") for row in rows]
+    fitted = [abs(off(r)) for r in rows if r["fitted"]]
+    combined = [off(r) for r in rows if not r["fitted"]]
+    return "\n".join([
+        markdown_table([f"{key} probe", "ms, median (range)", "fit of the single-kind probes, ms", "off"],
+                       table_rows), "",
+        f"- The fit meets its own {len(fitted)} probes within {100 * max(fitted):.0f}% (median over rounds); it "
+        f"prices the {len(combined)} combined cuts {100 * min(combined):+.0f}% to {100 * max(combined):+.0f}% off "
+        f"(median {100 * statistics.median(combined):+.0f}%)."])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("stage", choices=["fits", "table"])
+    parser.add_argument("stage", choices=["fits", "table", "additivity"])
     parser.add_argument("--runs", type=Path, default=Path("runs/recovery"), help="recovery.py's runs (the models)")
     parser.add_argument("--results", type=Path, default=None,
                         help="the fits (default: this folder for speed.json, else its subfolder named for the "
@@ -137,15 +208,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="which of recovery.py measure's measurements (its file) the table compares with")
     parser.add_argument("--fits-of", default=None,
                         help="table: take the fits made for another measurement of the same machine (its file)")
+    parser.add_argument("--workload", choices=list(WORKLOADS), default="ct2 int8 b32",
+                        help="additivity: the runtime and batch whose probes it times")
+    parser.add_argument("--rounds", type=int, default=3, help="additivity: interleaved timings of every probe")
     args = parser.parse_args(argv)
     own = args.measurement != recovery.FLOOR  # a later measurement: its fits and table beside the grid's
     stem = Path(args.measurement).stem
     if args.results is None:
         args.results = RESULTS / Path(args.fits_of or args.measurement).stem if own else RESULTS
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}; allowed: an integer >= 1")
     load_teacher, _ = recovery._kept_teacher()
     if args.stage == "fits":
         fits(args.results, load_teacher)
         return 0
+    if args.stage == "additivity":
+        return additivity_stage(args.results, load_teacher, args.workload, args.rounds)
     rows = predictions(args.results, args.recovery_results, args.runs.resolve(), load_teacher,
                        measurement=args.measurement)
     floor_path = args.recovery_results / args.measurement
@@ -160,6 +238,27 @@ def main(argv: list[str] | None = None) -> int:
                       f"measured speed-ups of {args.measurement} (benchmarks/fit_per_runtime.py)\n\n" + text + "\n")
     if args.results.resolve().parent == RESULTS.resolve() or args.results.resolve() == RESULTS.resolve():
         recovery.fill(recovery.GATES_PAGE, {"fit table" + (f" {stem}" if own else ""): text})
+    print(text)
+    return 0
+
+
+def additivity_stage(results: Path, load_teacher, key: str, rounds: int) -> int:
+    """Time the kept teacher's probes and combined cuts in ``key``'s runtime and batch; the table and the timings
+    in ``results``/additivity_<key>.json and .md."""
+    from gatedprune.costs.timers import TIMERS
+    from gatedprune.costs.workload import Workload
+
+    settings = WORKLOADS[key]
+    workload = Workload(source_tokens=32, target_tokens=32, threads=1, repeats=REPEATS, **settings)
+    rows = additivity(load_teacher().float().eval(), workload, TIMERS[workload.runtime], rounds)
+    text = additivity_report(rows, key)
+    out = fit_path(results, key)
+    out = out.with_name("additivity_" + out.name)
+    results.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps({"machine": machine(), "workload": key, "rounds": rounds, "repeats": REPEATS,
+                                       "rows": rows}, indent=1) + "\n")
+    atomic_write_text(out.with_suffix(".md"), f"# Does {key}'s time add up by kind? (benchmarks/fit_per_runtime.py "
+                      f"additivity)\n\n{machine()}, {rounds} rounds of {REPEATS} interleaved repeats.\n\n{text}\n")
     print(text)
     return 0
 

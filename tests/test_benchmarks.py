@@ -935,3 +935,46 @@ def test_the_readme_s_default_run_is_the_recorded_run():
     cell = json.loads((bench.RESULTS / "choose_gates_bottom2_late_0.67_s1234_1000_lr0.002.json").read_text())
     assert m["params"] == cell["params"] and m["kept"]["decoder_layer"] == cell["kept_layers"]["decoder"] == 2
     assert f"which scored {cell['test_bleu_at']['1000']:.2f} after 1,000 steps" in readme
+
+
+def test_additivity_prices_cuts_of_every_kind_at_once_by_the_fit_of_the_single_kind_probes(capsys):
+    """issue 38, item 4: a clock whose time adds up by kind is priced exactly on every combined cut; one whose widths
+    cost time only in kept decoder layers (they do not add) is missed there, and the report says by how much."""
+    from helpers import tiny_bart3
+    from gatedprune.costs.counts import features
+    from gatedprune.costs.workload import Workload
+
+    per = load_benchmark("fit_per_runtime")
+    model, workload = tiny_bart3(), Workload(source_tokens=6, target_tokens=4, repeats=1)
+    each = {"encoder": 2e-3, "decoder": 3e-3, "cross": 1e-3, "encoder_ffn": 5e-4, "decoder_ffn": 4e-4,
+            "encoder_layer": 1e-2, "decoder_layer": 2e-2}
+
+    def additive(models, workload):
+        return [0.05 + sum(each.get(k, 0.0) * n for k, n in features(m).items()) for m in models]
+
+    rows = per.additivity(model, workload, additive, rounds=2)
+    combined = [r for r in rows if not r["fitted"]]
+    assert [r["probe"] for r in combined] == [
+        "every width 0.5", "every width 0.1", "every width 0", "one decoder layer",
+        "every width 0.5, one decoder layer", "every width 0.1, one decoder layer", "every width 0, one decoder layer"]
+    every0 = next(r["structures"] for r in combined if r["probe"] == "every width 0, one decoder layer")
+    assert every0 == {**dict.fromkeys(("encoder", "decoder", "cross", "encoder_ffn", "decoder_ffn"), 0),
+                      "encoder_layer": 3, "decoder_layer": 1}
+    for row in rows:
+        assert len(row["seconds"]) == 2 and row["predicted"] == pytest.approx(row["seconds"], rel=1e-9)
+    assert "prices the 7 combined cuts +0% to +0% off" in per.additivity_report(rows, "ct2 int8 b32")
+
+    def interacting(models, workload):  # every width's time scales with the decoder layers kept
+        return [0.05 + sum(each[k] * n for k, n in features(m).items() if k.endswith("_layer"))
+                + features(m)["decoder_layer"] / 3 * sum(each[k] * n for k, n in features(m).items()
+                                                          if not k.endswith("_layer")) for m in models]
+
+    rows = per.additivity(model, workload, interacting, rounds=1)
+    off = {r["probe"]: r["predicted"][0] / r["seconds"][0] - 1 for r in rows}
+    assert all(abs(off[r["probe"]]) < 0.04 for r in rows if r["fitted"])  # the fit meets its own probes
+    assert off["every width 0.5, one decoder layer"] < -0.15  # but not widths and depth cut together
+    text = per.additivity_report(rows, "ct2 int8 b32")
+    assert f"{100 * off['every width 0.5, one decoder layer']:+.0f}% |" in text
+    with pytest.raises(SystemExit) as exit_:
+        per.main(["additivity", "--rounds", "0"])
+    assert exit_.value.code == 2 and "--rounds 0; allowed: an integer >= 1" in capsys.readouterr().err
