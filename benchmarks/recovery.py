@@ -611,7 +611,8 @@ def speed_table(results: Path) -> str:
 
 
 # measurements of the same cells on one machine, pooled into one table (docs/recovery.md) by their shared name
-POOLED = {"speed_2026-12-06": ("speed_2026-12-06.json", "speed_2026-12-06_b.json")}
+POOLED = {"speed_2026-12-06": ("speed_2026-12-06.json", "speed_2026-12-06_b.json"),
+          "speed_2026-12-07": ("speed_2026-12-07.json",)}
 
 
 def pooled_speeds(results: Path, names: tuple[str, ...]) -> dict[tuple[float, str], dict[str, list[float]]]:

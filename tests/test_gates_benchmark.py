@@ -463,3 +463,65 @@ def test_the_fill_at_0_55_held_or_not_is_as_the_page_says():
                 assert min(apart) > 0 and ", ".join(f"{d:+.2f}" for d in apart[:2]) in section
     apart = [table["gates_bottom1_widths"]["by_seed"][s] - table["even_layers"]["by_seed"][s] for s in bench.SEEDS]
     assert f"{statistics.fmean(apart):.2f} ± {statistics.stdev(apart):.2f}" in section
+
+
+def test_the_widths_speed_and_the_fit_s_additivity_are_as_the_page_says():
+    """docs/gates.md 0l and 0h (2026-12-07): gates_bottom1_widths' speed beside even layers and random structures,
+    over the mean of the teacher and its copy, and the additivity tables, from the committed measurement files."""
+    import statistics
+
+    bench = load_benchmark("recovery")
+    per = load_benchmark("fit_per_runtime")
+    page = " ".join(bench.GATES_PAGE.read_text().split())
+    widths_section = page.split("## 0l.")[1].split("## 0c.")[0]
+    speeds = bench.pooled_speeds(bench.RESULTS, bench.POOLED["speed_2026-12-07"])
+    widths, even, random_ = (speeds[(0.55, s)] for s in ("gates_bottom1_widths", "even_layers", "random"))
+    b1 = widths["generate() b1"]
+    assert len(b1) == 3 and f"{statistics.mean(b1):.2f}x the teacher in `generate()` at batch 1 " \
+        f"({min(b1):.2f}-{max(b1):.2f}x" in widths_section
+    for start, said, keys in ((widths, "1.85x at batch 32, 1.81x and 2.86x in CTranslate2", bench.SPEED_KEYS[1:]),
+                              (even, "measured 1.44x, 1.45x, 1.52x and 1.96x", bench.SPEED_KEYS),
+                              (random_, "1.67x, 1.80x, 1.99x and 3.09x", bench.SPEED_KEYS)):
+        shown = [f"{statistics.mean(start[k]):.2f}x" for k in keys]
+        assert all(x in said for x in shown), (shown, said)
+        assert said in widths_section
+    faster = statistics.mean(b1) / statistics.mean(even["generate() b1"]) - 1
+    assert f"it is {100 * faster:.0f}% faster in `generate()`" in widths_section
+    floor = json.loads((bench.RESULTS / "speed_2026-12-07.json").read_text())["noise_floor"]
+    assert f"{min(floor.values()):.2f}-{max(floor.values()):.2f}x" in widths_section
+    # the additivity table: each workload's own probes, its combined cuts, and the two cuts the table shows
+    section = page.split("## 0h.")[1].split("## 1.")[0]
+    for key in per.WORKLOADS:
+        path = per.fit_path(per.RESULTS / "speed_2026-12-07", key)
+        rows = json.loads(path.with_name("additivity_" + path.name).read_text())["rows"]
+        text = " ".join(per.additivity_report(rows, key).split())
+        fitted, combined = text.split("- The fit meets its own 15 probes within ")[1].split(" (median over rounds)")[0], \
+            text.split("it prices the 7 combined cuts ")[1].rstrip(".").replace(" off", "")
+        by = {r["probe"]: r for r in rows}
+
+        def ms(probe, what):
+            return f"{1e3 * statistics.median(by[probe][what]):.1f}"
+
+        cells = (f"| {key} | {fitted} | {combined.split(' (')[0]}" + (" off" if key == "ct2 int8 b32" else "")
+                 + f" ({combined.split(' (')[1]} | {ms('every width 0.5', 'seconds')} / "
+                 f"{ms('every width 0.5', 'predicted')} ms | {ms('every width 0.1, one decoder layer', 'seconds')} / "
+                 f"{ms('every width 0.1, one decoder layer', 'predicted')} ms |")
+        assert cells in section, cells
+    # the status at the top of the page quotes both
+    status = page.split("## 0.")[0]
+    assert f"it is {statistics.mean(b1):.2f}x faster than the teacher in `generate()` at batch 1, even layers " \
+        f"{statistics.mean(even['generate() b1']):.2f}x: the same BLEU, {100 * faster:.0f}% faster" in status
+    said = json.loads((per.RESULTS / "speed_2026-12-07" / "results_speed_2026-12-07.json").read_text())["summary"]
+    b32 = said["ct2 int8 b32"]
+    assert all(said[k]["within"] == said[k]["shapes"] == 8 for k in ("generate() b1", "generate() b32"))
+    assert f"CTranslate2 int8 at batch 1 for {said['ct2 int8 b1']['within']} of 8" in status
+    assert f"under-predicted by {-100 * b32['median']:.0f}% at the median ({b32['within']} of 8 within 15%)" in status
+    path = per.fit_path(per.RESULTS / "speed_2026-12-07", "ct2 int8 b32")
+    half = next(r for r in json.loads(path.with_name("additivity_" + path.name).read_text())["rows"]
+                if r["probe"] == "every width 0.5")
+    assert f"measured {1e3 * statistics.median(half['seconds']):.0f} ms where the one-kind probes' fit said " \
+        f"{1e3 * statistics.median(half['predicted']):.0f} ms" in status
+    # the depth compared by hand at 0.67 (one seed), as the status says
+    one, two = (json.loads((bench.RESULTS / f"choose_gates_{c}_late_0.67_s1234_1000_lr0.002.json").read_text())
+                ["test_bleu_at"]["1000"] for c in ("bottom1", "bottom2"))
+    assert one < two and f"scored {one:.2f} against {two:.2f} after 1,000 steps" in status
