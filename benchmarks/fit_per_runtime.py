@@ -10,7 +10,7 @@ interleaved repeats against the teacher, in one process), and the noise floor (a
     .venv/bin/python benchmarks/fit_per_runtime.py fits     # the four fits not yet in docs/benchmarks/fit_per_runtime/
     .venv/bin/python benchmarks/fit_per_runtime.py table    # the table, from the fits and the recovery cells
     .venv/bin/python benchmarks/fit_per_runtime.py additivity --workload "ct2 int8 b32" --results DIR
-        # the fit's own probes beside cuts of every kind at once, priced by the fit of the probes of each round
+        # the fit's own probes beside cuts of every width at once, priced by the fit of the probes' medians
 
 Measure the fits on the machine, and at the load, that ``recovery.py measure`` timed on: a fit of another machine
 predicts another machine's speed-ups. A later measurement of some cells (``recovery.py measure --cells``, on another
@@ -132,10 +132,10 @@ def report(rows: list[dict], floor: dict | None) -> str:
 
 
 # Does a runtime's time add up by kind? The fit is made from probes that each cut one kind with the rest dense; the
-# models it prices cut every kind at once. ``additivity`` times both side by side (each width cut to each fraction at
-# once, with the decoder's depth kept and at one layer) and prices the combined cuts by the fit of the single-kind
-# probes timed in the same round: where the fit meets its own probes but misses the combined cuts, the costs of this
-# runtime and batch do not add (docs/gates.md 0h, CTranslate2 int8 at batch 32 on the AMD machine)
+# models it prices cut many kinds at once. ``additivity`` times both side by side, interleaved, in rounds (each width
+# cut to each fraction at once, with the decoder's depth kept and at one layer) and prices the combined cuts by the
+# fit of the single-kind probes' medians: where the fit meets its own probes but misses the combined cuts, the costs
+# of this runtime and batch do not add (docs/gates.md 0h, CTranslate2 int8 at batch 32 on the AMD machines)
 COMBINED_FRACTIONS = (0.5, 0.1, 0.0)
 
 
@@ -155,49 +155,66 @@ def combined_plans(model, fractions=COMBINED_FRACTIONS) -> list[tuple[str, dict]
 
 
 def additivity(model, workload, timer, rounds: int) -> list[dict]:
-    """Per probe (the fit's own, then ``combined_plans``): its structures, its seconds in each round (``timer``: one
-    interleaved timing of every probe per call), and per round the prediction of the fit made from that round's
-    single-kind probes alone."""
+    """Per probe (the fit's own, then ``combined_plans``): its structures and its seconds in each round (``timer``:
+    one interleaved timing of every probe per call)."""
     import copy
 
     from gatedprune.costs.counts import features
-    from gatedprune.costs.latency import fit, probe_plans
+    from gatedprune.costs.latency import probe_plans
     from gatedprune.surgery.cut import prune_heads
 
     plans = [(name, plan, True) for name, plan in probe_plans(model, workload.probe_fractions)]
     plans += [(name, plan, False) for name, plan in combined_plans(model)]
     models = [prune_heads(copy.deepcopy(model), plan) if plan else copy.deepcopy(model) for _, plan, _ in plans]
-    rows = [{"probe": name, "fitted": own, "structures": features(m), "seconds": [], "predicted": []}
+    rows = [{"probe": name, "fitted": own, "structures": features(m), "seconds": []}
             for (name, _, own), m in zip(plans, models)]
     for r in range(rounds):
-        seconds = timer(models, workload)
-        own = [(row["structures"], t) for row, t in zip(rows, seconds) if row["fitted"]]
-        base, coefficients = fit([n for n, _ in own], [t for _, t in own])
-        for row, t in zip(rows, seconds):
+        for row, t in zip(rows, timer(models, workload)):
             row["seconds"].append(float(t))
-            row["predicted"].append(base + sum(coefficients[k] * n for k, n in row["structures"].items()))
         print(f"round {r + 1} of {rounds}: timed {len(models)} probes")
     return rows
 
 
-def additivity_report(rows: list[dict], key: str) -> str:
-    """One line per probe: its median time over the rounds (and their range), the fit's median prediction, and how
-    far that is off (predicted over measured, minus 1)."""
-    def off(row):
-        return statistics.median(p / t - 1 for p, t in zip(row["predicted"], row["seconds"]))
+def priced(rows: list[dict]) -> dict[str, float]:
+    """Each probe's seconds as the fit of the single-kind probes prices it, fitted to their medians over the rounds
+    (as ``fit_latency`` fits the median of its timings)."""
+    from gatedprune.costs.latency import fit
 
+    own = [r for r in rows if r["fitted"]]
+    base, coefficients = fit([r["structures"] for r in own], [statistics.median(r["seconds"]) for r in own])
+    return {r["probe"]: base + sum(coefficients[k] * n for k, n in r["structures"].items()) for r in rows}
+
+
+def additivity_off(rows: list[dict]) -> dict[str, float]:
+    """Per probe: the fit's seconds over the median measured, minus 1 (+: it runs faster than the fit says, so the
+    fit under-predicts its speed-up; the speed-up tables' "off" has the other sign)."""
+    fitted = priced(rows)
+    return {r["probe"]: fitted[r["probe"]] / statistics.median(r["seconds"]) - 1 for r in rows}
+
+
+def additivity_report(rows: list[dict], key: str) -> str:
+    """One line per probe: its median time over the rounds (and their range), the fit's, and how far that is off;
+    then the fit's largest miss of its own probes, its range over the combined cuts, and what halving saves."""
+    fitted, off = priced(rows), additivity_off(rows)
+    ms = {r["probe"]: 1e3 * statistics.median(r["seconds"]) for r in rows}
     table_rows = [(row["probe"] + ("" if row["fitted"] else " (combined)"),
-                   f"{1e3 * statistics.median(row['seconds']):.1f} ({1e3 * min(row['seconds']):.1f}-"
-                   f"{1e3 * max(row['seconds']):.1f})", f"{1e3 * statistics.median(row['predicted']):.1f}",
-                   f"{100 * off(row):+.0f}%") for row in rows]
-    fitted = [abs(off(r)) for r in rows if r["fitted"]]
-    combined = [off(r) for r in rows if not r["fitted"]]
-    return "\n".join([
-        markdown_table([f"{key} probe", "ms, median (range)", "fit of the single-kind probes, ms", "off"],
-                       table_rows), "",
-        f"- The fit meets its own {len(fitted)} probes within {100 * max(fitted):.0f}% (median over rounds); it "
-        f"prices the {len(combined)} combined cuts {100 * min(combined):+.0f}% to {100 * max(combined):+.0f}% off "
-        f"(median {100 * statistics.median(combined):+.0f}%)."])
+                   f"{ms[row['probe']]:.1f} ({1e3 * min(row['seconds']):.1f}-{1e3 * max(row['seconds']):.1f})",
+                   f"{1e3 * fitted[row['probe']]:.1f}", f"{100 * off[row['probe']]:+.0f}%") for row in rows]
+    own = [abs(off[r["probe"]]) for r in rows if r["fitted"]]
+    combined = [off[r["probe"]] for r in rows if not r["fitted"]]
+    lines = [markdown_table([f"{key} probe", "ms, median (range)", "fit of the single-kind probes, ms", "off"],
+                            table_rows), "",
+             f"- The fit of the single-kind probes' medians meets them within {100 * max(own):.0f}%; it prices the "
+             f"{len(combined)} combined cuts {100 * min(combined):+.0f}% to {100 * max(combined):+.0f}% off (median "
+             f"{100 * statistics.median(combined):+.0f}%). Off: the fit's time over the measured median, minus 1 (+: "
+             "the cut runs faster than the fit says)."]
+    halves = [p for p in ms if p.endswith(" 0.5") and not p.startswith("every ")]
+    if "dense" in ms and halves and "every width 0.5" in ms:
+        lines.append(f"- Halving one kind alone saves at most {ms['dense'] - min(ms[p] for p in halves):.1f} ms of the "
+                     f"dense model's {ms['dense']:.1f} ms; halving every width at once saves "
+                     f"{ms['dense'] - ms['every width 0.5']:.1f} ms, where the fit expects "
+                     f"{1e3 * (fitted['dense'] - fitted['every width 0.5']):.1f} ms.")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,22 +273,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def additivity_stage(results: Path, load_teacher, key: str, rounds: int) -> int:
-    """Time the kept teacher's probes and combined cuts in ``key``'s runtime and batch; the table and the timings
-    in ``results``/additivity_<key>.json and .md."""
+    """Time the kept teacher's probes and combined cuts in ``key``'s runtime and batch (unless timed already); the
+    timings in ``results``/additivity_<key>.json, the table in its .md."""
     from gatedprune.costs.timers import TIMERS
     from gatedprune.costs.workload import Workload
 
-    settings = WORKLOADS[key]
-    workload = Workload(source_tokens=32, target_tokens=32, threads=1, repeats=REPEATS, **settings)
-    rows = additivity(load_teacher().float().eval(), workload, TIMERS[workload.runtime], rounds)
-    text = additivity_report(rows, key)
     out = fit_path(results, key)
     out = out.with_name("additivity_" + out.name)
-    results.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, json.dumps({"machine": machine(), "workload": key, "rounds": rounds, "repeats": REPEATS,
-                                       "rows": rows}, indent=1) + "\n")
+    if out.is_file():  # timed already (refresh by deleting it): its table made again from its timings
+        kept = json.loads(out.read_text())
+        print(f"{key}: kept ({out}), timed on {kept['machine']}")
+    else:
+        workload = Workload(source_tokens=32, target_tokens=32, threads=1, repeats=REPEATS, **WORKLOADS[key])
+        rows = additivity(load_teacher().float().eval(), workload, TIMERS[workload.runtime], rounds)
+        kept = {"machine": machine(), "workload": key, "rounds": rounds, "repeats": REPEATS, "rows": rows}
+        results.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out, json.dumps(kept, indent=1) + "\n")
+    text = additivity_report(kept["rows"], key)
     atomic_write_text(out.with_suffix(".md"), f"# Does {key}'s time add up by kind? (benchmarks/fit_per_runtime.py "
-                      f"additivity)\n\n{machine()}, {rounds} rounds of {REPEATS} interleaved repeats.\n\n{text}\n")
+                      f"additivity)\n\n{kept['machine']}, {kept['rounds']} rounds of {kept['repeats']} interleaved "
+                      f"repeats.\n\n{text}\n")
     print(text)
     return 0
 

@@ -61,6 +61,7 @@ def decided(kept) -> torch.Tensor:
     """The log_alpha of gates decided open (True) or closed (False), one per entry of ``kept``: +-HELD.  # (H,)"""
     return torch.where(torch.as_tensor(kept, dtype=torch.bool), HELD, -HELD)
 
+
 class HardConcreteGate(nn.Module):
     """``num_heads`` independent hard-concrete gates for one attention module."""
 
