@@ -229,9 +229,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="which of recovery.py measure's measurements (its file) the table compares with")
     parser.add_argument("--fits-of", default=None,
                         help="table: take the fits made for another measurement of the same machine (its file)")
-    parser.add_argument("--workload", choices=list(WORKLOADS), default="ct2 int8 b32",
-                        help="additivity: the runtime and batch whose probes it times")
-    parser.add_argument("--rounds", type=int, default=3, help="additivity: interleaved timings of every probe")
+    parser.add_argument("--workload", choices=list(WORKLOADS), default=None,
+                        help="additivity: the runtime and batch whose probes it times (default ct2 int8 b32)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="additivity: interleaved timings of every probe (default 3)")
     parser.add_argument("--fit-tolerance", type=float, default=None,
                         help="fits: time the probes again while the fit misses one by more than this (default 0.2)")
     parser.add_argument("--fit-attempts", type=int, default=None, help="fits: timings of the probes at most (3)")
@@ -240,7 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     stem = Path(args.measurement).stem
     if args.results is None:
         args.results = RESULTS / Path(args.fits_of or args.measurement).stem if own else RESULTS
-    if args.rounds < 1:
+    if args.stage != "additivity" and (args.workload or args.rounds is not None):
+        parser.error("--workload and --rounds time the additivity probes; allowed: with the additivity stage")
+    if args.stage != "fits" and (args.fit_tolerance is not None or args.fit_attempts is not None):
+        parser.error("--fit-tolerance and --fit-attempts time the fits; allowed: with the fits stage")
+    if args.rounds is not None and args.rounds < 1:
         parser.error(f"--rounds {args.rounds}; allowed: an integer >= 1")
     if args.fit_tolerance is not None and not args.fit_tolerance > 0:
         parser.error(f"--fit-tolerance {args.fit_tolerance}; allowed: a fraction > 0")
@@ -253,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         fits(args.results, load_teacher, **refit)
         return 0
     if args.stage == "additivity":
-        return additivity_stage(args.results, load_teacher, args.workload, args.rounds)
+        return additivity_stage(args.results, load_teacher, args.workload or "ct2 int8 b32", args.rounds or 3)
     rows = predictions(args.results, args.recovery_results, args.runs.resolve(), load_teacher,
                        measurement=args.measurement)
     floor_path = args.recovery_results / args.measurement

@@ -1004,7 +1004,11 @@ def test_additivity_prices_cuts_of_every_kind_at_once_by_the_fit_of_the_single_k
     assert (timed[0].fit_tolerance, timed[0].fit_attempts) == (0.05, 9) and not list(tmp_path.iterdir())
     for bad, said in ((["additivity", "--rounds", "0"], "--rounds 0; allowed: an integer >= 1"),
                       (["fits", "--fit-tolerance", "0"], "--fit-tolerance 0.0; allowed: a fraction > 0"),
-                      (["fits", "--fit-attempts", "0"], "--fit-attempts 0; allowed: an integer >= 1")):
+                      (["fits", "--fit-attempts", "0"], "--fit-attempts 0; allowed: an integer >= 1"),
+                      (["table", "--rounds", "2"], "--workload and --rounds time the additivity probes; allowed: "
+                       "with the additivity stage"),
+                      (["additivity", "--fit-tolerance", "0.05"], "--fit-tolerance and --fit-attempts time the "
+                       "fits; allowed: with the fits stage")):
         with pytest.raises(SystemExit) as exit_:
             per.main(bad)
         assert exit_.value.code == 2 and said in capsys.readouterr().err
