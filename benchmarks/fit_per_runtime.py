@@ -185,17 +185,18 @@ def priced(rows: list[dict]) -> dict[str, float]:
     return {r["probe"]: base + sum(coefficients[k] * n for k, n in r["structures"].items()) for r in rows}
 
 
-def additivity_off(rows: list[dict]) -> dict[str, float]:
-    """Per probe: the fit's seconds over the median measured, minus 1 (+: it runs faster than the fit says, so the
-    fit under-predicts its speed-up; the speed-up tables' "off" has the other sign)."""
-    fitted = priced(rows)
+def additivity_off(rows: list[dict], fitted: dict[str, float] | None = None) -> dict[str, float]:
+    """Per probe: the fit's seconds (``priced``, unless given) over the median measured, minus 1 (+: it runs faster
+    than the fit says, so the fit under-predicts its speed-up; the speed-up tables' "off" has the other sign)."""
+    fitted = fitted or priced(rows)
     return {r["probe"]: fitted[r["probe"]] / statistics.median(r["seconds"]) - 1 for r in rows}
 
 
 def additivity_report(rows: list[dict], key: str) -> str:
     """One line per probe: its median time over the rounds (and their range), the fit's, and how far that is off;
     then the fit's largest miss of its own probes, its range over the combined cuts, and what halving saves."""
-    fitted, off = priced(rows), additivity_off(rows)
+    fitted = priced(rows)
+    off = additivity_off(rows, fitted)
     ms = {r["probe"]: 1e3 * statistics.median(r["seconds"]) for r in rows}
     table_rows = [(row["probe"] + ("" if row["fitted"] else " (combined)"),
                    f"{ms[row['probe']]:.1f} ({1e3 * min(row['seconds']):.1f}-{1e3 * max(row['seconds']):.1f})",
