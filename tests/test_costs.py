@@ -524,6 +524,7 @@ def test_the_floor_with_a_depth_is_those_layers_alone_every_gated_structure_insi
 
 
 def test_a_settled_depth_over_the_latency_target_is_refused_with_what_it_keeps(bart3):
+    from gatedprune.costs.linear import shown_fraction
     from gatedprune.methods.settling import check_depth_fits
 
     model = copy.deepcopy(bart3)
@@ -535,10 +536,23 @@ def test_a_settled_depth_over_the_latency_target_is_refused_with_what_it_keeps(b
         with pytest.raises(ValueError, match=r"^pruning.settle_depth=\{'decoder': 2\} keeps at least ([0-9.]+) of the "
                                              r"dense model's predicted latency \(those layers alone, every other gated "
                                              r"structure removed\), above pruning.target_latency=[0-9.]+; allowed: "
-                                             r"fewer layers, or a target of at least \1$") as refused:
+                                             r"\{'decoder': 1\} \(the deepest that fits\), or a target of at "
+                                             r"least \1$") as refused:
             check_depth_fits({"decoder": 2}, gates, budget)
         assert two <= float(refused.value.args[0].split("at least ")[1].split(" ")[0]) < two + 1e-4
         check_depth_fits({"decoder": 1}, gates, budget)  # one layer fits
+        # two stacks: the deepest depth that fits is named, the deeper encoder first on a tie; under one layer each,
+        # none is
+        floor_with = gates.costs["latency"].floor_with
+        assert floor_with(gates, {"encoder": 2, "decoder": 2}) > floor_with(gates, {"encoder": 2, "decoder": 1})
+        between = CostBudget(gates, "latency", shown_fraction(floor_with(gates, {"encoder": 2, "decoder": 1})),
+                             warmup_steps=0)
+        with pytest.raises(ValueError, match=r"allowed: \{'encoder': 2, 'decoder': 1\} \(the deepest that fits\)"):
+            check_depth_fits({"encoder": 2, "decoder": 2}, gates, between)
+        under_one = CostBudget(gates, "latency", round(floor_with(gates, {"encoder": 1, "decoder": 1}) - 0.002, 4),
+                               warmup_steps=0)
+        with pytest.raises(ValueError, match=r"allowed: fewer layers \(none fits: one per stack is over it\), or a "):
+            check_depth_fits({"encoder": 2, "decoder": 2}, gates, under_one)
         check_depth_fits({"decoder": 2}, gates, CostBudget(gates, "latency", math.ceil(two * 1e4) / 1e4, warmup_steps=0))
     finally:
         gates.remove()

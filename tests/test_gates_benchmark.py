@@ -131,7 +131,7 @@ def test_the_plan_pairs_run_today_s_default_and_record_a_refusal_as_a_result(tmp
 
     refusal = ("error: pruning.settle_depth={'decoder': 2} keeps at least 0.69 of the dense model's predicted latency "
                "(those layers alone, every other gated structure removed), above pruning.target_latency=0.67; allowed: "
-               "fewer layers, or a target of at least 0.69")
+               "{'decoder': 1} (the deepest that fits), or a target of at least 0.69")
 
     def refused(command, log, env):
         assert env == {"GATEDPRUNE_CACHE": str(tmp_path / "caches" / "first_layers_measured_busy")}

@@ -345,6 +345,7 @@ def test_a_run_whose_settled_depth_alone_is_over_its_target_is_refused_at_set_up
     assert line.startswith("error: pruning.settle_depth={'decoder': 2} keeps at least "), line
     shown = float(line.split("at least ")[1].split(" ")[0])
     assert two <= shown < two + 1e-3, (shown, two)
+    assert "allowed: {'decoder': 1} (the deepest that fits), or a target of at least" in line, line
     assert not run.exists()
 
 

@@ -23,6 +23,7 @@ latency), and filling a gated model's export up to the target scored 1.6-1.8 val
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING
 
 import torch
@@ -102,13 +103,24 @@ def check_depth_fits(depth, gates: HeadGates, budget) -> None:
     (``budget``: a ``CostBudget``): the widths would close and the run would still miss it."""
     if not depth:
         return
-    least = gates.costs[budget.unit].floor_with(gates, depth)
+    costs = gates.costs[budget.unit]
+    least = costs.floor_with(gates, depth)
     if least > budget.target:
         shown = shown_fraction(least)
+        fits = deepest_fitting(depth, lambda d: costs.floor_with(gates, d) <= budget.target)
+        fewer = f"{fits} (the deepest that fits)" if fits else "fewer layers (none fits: one per stack is over it)"
         raise ValueError(f"pruning.settle_depth={dict(depth)} keeps at least {shown} of the dense model's "
                          f"{budget.WHAT[budget.unit]} (those layers alone, every other gated structure removed), "
-                         f"above pruning.target_{budget.unit}={budget.target}; allowed: fewer layers, or a target of "
+                         f"above pruning.target_{budget.unit}={budget.target}; allowed: {fewer}, or a target of "
                          f"at least {shown}")
+
+
+def deepest_fitting(depth: dict[str, int], fits) -> dict[str, int] | None:
+    """Of the depths with at most ``depth``'s layers in each of its stacks (at least one), the one with the most
+    layers in all that ``fits`` (a predicate on {stack: layers}); ties go to the deeper first stack. None: none fits."""
+    stacks = list(depth)
+    shapes = [dict(zip(stacks, counts)) for counts in itertools.product(*(range(depth[s], 0, -1) for s in stacks))]
+    return max((d for d in shapes if fits(d)), key=lambda d: sum(d.values()), default=None)
 
 
 def settle_layers(gates: HeadGates, settle_at: int | None, depth, gated_step: int, keep: str = "open") -> None:
