@@ -143,12 +143,13 @@ def combined_plans(model, fractions=COMBINED_FRACTIONS) -> list[tuple[str, dict]
     """``[(name, plan)]``: every head and FFN kind cut to each fraction at once (the first units kept), then each of
     those with the decoder kept to its first layer."""
     from gatedprune.costs.counts import kind_sites
+    from gatedprune.costs.latency import first_units
     from gatedprune.structures.adapters import probe
     from gatedprune.structures.kinds import KINDS
 
     widths = {kind: sites for kind, sites in kind_sites(model).items() if KINDS[kind].structure != "layer"}
-    plans = [(f"every width {f:g}", {s.path: list(range(round(f * s.num_units))) for sites in widths.values()
-                                     for s in sites}) for f in fractions]
+    plans = [(f"every width {f:g}", {path: kept for sites in widths.values()
+                                     for path, kept in first_units(sites, f).items()}) for f in fractions]
     decoder = probe(model).layers["decoder"]
     return [*plans, ("one decoder layer", {decoder: [0]}),
             *((f"{name}, one decoder layer", {**plan, decoder: [0]}) for name, plan in plans)]
@@ -179,10 +180,11 @@ def priced(rows: list[dict]) -> dict[str, float]:
     """Each probe's seconds as the fit of the single-kind probes prices it, fitted to their medians over the rounds
     (as ``fit_latency`` fits the median of its timings)."""
     from gatedprune.costs.latency import fit
+    from gatedprune.costs.linear import LinearCost
 
     own = [r for r in rows if r["fitted"]]
-    base, coefficients = fit([r["structures"] for r in own], [statistics.median(r["seconds"]) for r in own])
-    return {r["probe"]: base + sum(coefficients[k] * n for k, n in r["structures"].items()) for r in rows}
+    cost = LinearCost("latency", *fit([r["structures"] for r in own], [statistics.median(r["seconds"]) for r in own]))
+    return {r["probe"]: cost.of_counts(r["structures"]) for r in rows}
 
 
 def additivity_off(rows: list[dict], fitted: dict[str, float] | None = None) -> dict[str, float]:

@@ -94,10 +94,8 @@ def pooled(record: dict) -> dict:
     whatever its tolerance): the kinds' shares and its error over its probes."""
     rows = [p["structures"] for p in record["probes"]]
     seconds = np.median(np.asarray(record["timings"]), axis=0)  # (J,)
-    base, coefficients = fit(rows, seconds.tolist())
-    cost = LinearCost("latency", base, coefficients)
-    probes = [{"seconds": t, "predicted": base + sum(coefficients[k] * row[k] for k in coefficients)}
-              for row, t in zip(rows, seconds.tolist())]
+    cost = LinearCost("latency", *fit(rows, seconds.tolist()))
+    probes = [{"seconds": t, "predicted": cost.of_counts(row)} for row, t in zip(rows, seconds.tolist())]
     return {"shares": shares(cost, rows[0]), "error": fit_error(probes), "timings": len(record["timings"])}
 
 

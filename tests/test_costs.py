@@ -108,6 +108,10 @@ def test_fit_recovers_the_fake_timers_costs_and_predicts_other_plans(bart3):
     pruned = prune_heads(copy.deepcopy(bart3), _mixed_plan(bart3, drop_decoder=(1,)))
     n = bart_structures(pruned)
     assert cost.of(pruned) == pytest.approx(BASE + sum(TRUE[k] * n[k] for k in TRUE), rel=1e-6)
+    # priced from counts alone (what a benchmark keeps of a probe), emptied attention modules at their phantom price
+    assert cost.of_counts(n) == pytest.approx(cost.of(pruned), rel=1e-12)
+    phantom = LinearCost("latency", BASE, TRUE, {"cross": 0.25})
+    assert phantom.of_counts(n, {"cross": 2}) == pytest.approx(cost.of(pruned) + 0.5, rel=1e-12)
 
 
 def test_fit_under_noise_predicts_within_its_noise(bart3):

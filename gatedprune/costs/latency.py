@@ -55,9 +55,13 @@ def probe_plans(model: nn.Module, fractions: tuple) -> list[tuple[str, dict]]:
                 spaced = sorted({round(i * (total - 1) / max(keep - 1, 1)) for i in range(keep)}) if keep else []
                 plans.append((f"{kind} {keep}/{total}", {layers[spec.stack]: spaced}))
             else:
-                plan = {s.path: list(range(round(fraction * s.num_units))) for s in sites}
-                plans.append((f"{kind} {fraction:g}", plan))
+                plans.append((f"{kind} {fraction:g}", first_units(sites, fraction)))
     return plans
+
+
+def first_units(sites, fraction: float) -> dict[str, list[int]]:
+    """The plan that keeps the first ``fraction`` of each site's heads or units (which ones does not change a time)."""
+    return {s.path: list(range(round(fraction * s.num_units))) for s in sites}
 
 
 def probe_models(model: nn.Module, fractions: tuple) -> list[tuple[str, nn.Module]]:

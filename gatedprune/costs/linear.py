@@ -42,10 +42,13 @@ class LinearCost:
 
     def of(self, model: nn.Module) -> float:
         """The cost of ``model`` as it is (a gated model counts every structure; a pruned one what it kept)."""
-        n = features(model)
-        empty = empty_sites(model) if self.phantom else {}
-        return (self.base + sum(self.coefficients.get(kind, 0.0) * count for kind, count in n.items())
-                + sum(self.phantom.get(kind, 0.0) * count for kind, count in empty.items()))
+        return self.of_counts(features(model), empty_sites(model) if self.phantom else None)
+
+    def of_counts(self, counts: dict[str, int], empty: dict[str, int] | None = None) -> float:
+        """The cost of a model that keeps ``counts`` structures of each kind (``counts.features``), ``empty`` its
+        attention modules emptied of heads per kind (``counts.empty_sites``; None: none counted)."""
+        return (self.base + sum(self.coefficients.get(kind, 0.0) * count for kind, count in counts.items())
+                + sum(self.phantom.get(kind, 0.0) * count for kind, count in (empty or {}).items()))
 
 
 class StructureCosts:
