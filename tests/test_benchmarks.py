@@ -797,6 +797,10 @@ def test_issue_38_s_table_takes_each_start_s_score_from_the_cell_that_measured_t
     assert widths.args(1.0) == [*bench.GATES["gates_bottom1"].args(1.0), "pruning.settle_widths_at=200"]
     assert widths.args(0.04)[-2:] == ["pruning.settle_layers_at=1", "pruning.settle_widths_at=8"]
     assert widths.args(0.001)[-2:] == ["pruning.settle_layers_at=1", "pruning.settle_widths_at=1"]  # not before
+    kd = bench.GATES["gates_bottom1_widths_kd"]  # the same with the teacher's KL as half the gated phase's task loss
+    assert set(kd.args(1.0)) - set(widths.args(1.0)) == {"pruning.distill.alpha=0.5"}
+    assert len(kd.args(1.0)) == len(widths.args(1.0)) + 1
+    assert bench.candidate_targets("gates_bottom1_widths_kd") == (bench.LOW,)
     flat = [c for c in bench._grid() if c.name == "choose_gates_bottom2_flat_0.67_s1_1000_lr0.002"][0]
     args = flat.export.args(tmp_path)  # one value of the ramp: Hydra refuses an override given twice
     assert "pruning.target_warmup_steps=0" in args and "pruning.target_warmup_steps=50" not in args
@@ -805,8 +809,8 @@ def test_issue_38_s_table_takes_each_start_s_score_from_the_cell_that_measured_t
     assert not any("as_gates_bottom" in name for name in choose)
     assert "choose_even_layers_0.55_s1_1000_lr0.002" in choose
     # gates_bottom1_late at 0.67: +3; gates_bottom2_ceiling at 0.67: +3 (its even layers are gates_depth2's);
-    # gates_bottom1_ceiling, _fill and _widths at 0.55: +3 each (their even layers are the preset gates')
-    candidate_cells, even_cells, preset_and_random = 15 * 3, (5 + 2) * 3, 2 * 2 * 3
+    # gates_bottom1_ceiling, _fill, _widths and _widths_kd at 0.55: +3 each (their even layers are the preset gates')
+    candidate_cells, even_cells, preset_and_random = 16 * 3, (5 + 2) * 3, 2 * 2 * 3
     assert len(choose) == len(set(choose)) == candidate_cells + even_cells + preset_and_random
     assert "choose_gates_depth2_0.55_s1_1000_lr0.002" not in grid and "choose_gates_depth2_0.67_s1_1000_lr0.002" in grid
     assert "choose_gates_0.67_s2_1000_lr0.002" in grid and "choose_random_0.67_s2_1000_lr0.002" in grid
