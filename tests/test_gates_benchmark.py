@@ -429,18 +429,26 @@ def test_the_ceiling_at_0_55_is_as_the_page_says():
     assert f"recovered to {statistics.fmean(scores):.2f} ± {statistics.stdev(scores):.2f} test BLEU" in page
 
 
+def _section_and_cells(section: str, until: str):
+    """(the page's section ``section`` up to ``until``, whitespace folded; a function giving a start's three
+    choose cells at 0.55 after 1,000 steps, by seed)."""
+    bench = load_benchmark("recovery")
+    page = " ".join(bench.GATES_PAGE.read_text().split())
+
+    def cells(start):
+        return [json.loads((bench.RESULTS / f"choose_{start}_0.55_s{seed}_1000_lr0.002.json").read_text())
+                for seed in bench.SEEDS]
+
+    return page.split(f"## {section}.")[1].split(f"## {until}.")[0], cells
+
+
 def test_the_fill_at_0_55_held_or_not_is_as_the_page_says():
     """docs/gates.md 0l: gates_bottom1_fill and gates_bottom1_widths, their gated phases' criteria and their scores
     against random structures and even layers by seed, as the records keep them."""
     import statistics
 
     bench = load_benchmark("recovery")
-    page = " ".join(bench.GATES_PAGE.read_text().split())
-    section = page.split("## 0l.")[1].split("## 0m.")[0]
-
-    def cells(start):
-        return [json.loads((bench.RESULTS / f"choose_{start}_0.55_s{seed}_1000_lr0.002.json").read_text())
-                for seed in bench.SEEDS]
+    section, cells = _section_and_cells("0l", "0m")
 
     fill, widths = cells("gates_bottom1_fill"), cells("gates_bottom1_widths")
     gaps = [c["gated_phase"]["gated_val_bleu"] - c["gated_phase"]["export_val_bleu"] for c in fill]
@@ -555,12 +563,7 @@ def test_distillation_while_pruning_at_0_55_is_as_the_page_says():
     import statistics
 
     bench = load_benchmark("recovery")
-    page = " ".join(bench.GATES_PAGE.read_text().split())
-    section = page.split("## 0m.")[1].split("## 0c.")[0]
-
-    def cells(start):
-        return [json.loads((bench.RESULTS / f"choose_{start}_0.55_s{seed}_1000_lr0.002.json").read_text())
-                for seed in bench.SEEDS]
+    section, cells = _section_and_cells("0m", "0c")
 
     kd, plain = cells("gates_bottom1_widths_kd"), cells("gates_bottom1_widths")
     assert all("pruning.distill.alpha=0.5" in c["export_command"] for c in kd)
