@@ -71,7 +71,7 @@ def _shown(path: str) -> str:
 
 def shares(cost, dense: dict[str, int]) -> dict[str, float]:
     """Each kind's share of the dense model's predicted latency, and the base's: c_k * n_k / total."""
-    total = cost.base + sum(cost.coefficients.get(k, 0.0) * n for k, n in dense.items())
+    total = cost.of_counts(dense)
     return {"base": cost.base / total, **{k: cost.coefficients.get(k, 0.0) * dense[k] / total for k in ALL_KINDS}}
 
 

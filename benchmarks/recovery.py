@@ -132,9 +132,10 @@ BOTTOM1_FILL = (*(o for o in BOTTOM1 if o != "pruning.export_fill=false"), "prun
 # decides the fill at gated step 200 and holds it (pruning.settle_widths_at), so the last 100 gated steps train the
 # model that ships
 # gates_bottom1_widths tied with even layers at 0.55 (-0.01 on average) and is the one gated protocol that trains the
-# shipped shape inside the gated phase; CoFi and NASH distil from the dense model while pruning (output KL at
-# temperature 2 beside CE, docs/gates.md 5), which every protocol here left off. gates_bottom1_widths_kd is it with
-# half the task loss the teacher's KL (pruning.distill.alpha=0.5), the recovery unchanged
+# shipped shape inside the gated phase; CoFi and NASH distil from the dense model while pruning (the outputs' KL at
+# temperature 2 and the layers' outputs, docs/gates.md 5), which every protocol here left off. gates_bottom1_widths_kd
+# is it with half the task loss the teacher's output KL (pruning.distill.alpha=0.5; no layer distillation), the
+# recovery unchanged
 BOTTOM1_KD = (*BOTTOM1, "pruning.distill.alpha=0.5")
 GATES = {"gates": GatedPhase(), "gates_settled": GatedPhase(300, 100, SETTLED), "gates_nash": GatedPhase(300, 100, NASH),
          "gates_depth2": GatedPhase(300, 100, DEPTH2, targets=("high",)),

@@ -553,9 +553,21 @@ def test_a_settled_depth_over_the_latency_target_is_refused_with_what_it_keeps(b
                              warmup_steps=0)
         with pytest.raises(ValueError, match=r"allowed: \{'encoder': 2, 'decoder': 1\} \(the deepest that fits\)"):
             check_depth_fits({"encoder": 2, "decoder": 2}, gates, between)
+        # a target both three-layer depths fit (a decoder layer costs more than an encoder layer): the tie goes to the
+        # deeper first stack as written, either way round
+        tie = CostBudget(gates, "latency", shown_fraction(floor_with(gates, {"encoder": 1, "decoder": 2})),
+                         warmup_steps=0)
+        assert (floor_with(gates, {"encoder": 2, "decoder": 1}) < tie.target
+                < floor_with(gates, {"encoder": 2, "decoder": 2}))
+        with pytest.raises(ValueError, match=r"allowed: \{'encoder': 2, 'decoder': 1\} \(the deepest that fits\)"):
+            check_depth_fits({"encoder": 2, "decoder": 2}, gates, tie)
+        with pytest.raises(ValueError, match=r"allowed: \{'decoder': 2, 'encoder': 1\} \(the deepest that fits\)"):
+            check_depth_fits({"decoder": 2, "encoder": 2}, gates, tie)
         under_one = CostBudget(gates, "latency", round(floor_with(gates, {"encoder": 1, "decoder": 1}) - 0.002, 4),
                                warmup_steps=0)
-        with pytest.raises(ValueError, match=r"allowed: fewer layers \(none fits: one per stack is over it\), or a "):
+        one_each = shown_fraction(floor_with(gates, {"encoder": 1, "decoder": 1}))
+        with pytest.raises(ValueError, match=rf"allowed: fewer stacks named \(one layer in each keeps at least "
+                                             rf"{one_each}\), or a target of at least "):
             check_depth_fits({"encoder": 2, "decoder": 2}, gates, under_one)
         check_depth_fits({"decoder": 2}, gates, CostBudget(gates, "latency", math.ceil(two * 1e4) / 1e4, warmup_steps=0))
     finally:

@@ -60,7 +60,8 @@ def probe_plans(model: nn.Module, fractions: tuple) -> list[tuple[str, dict]]:
 
 
 def first_units(sites, fraction: float) -> dict[str, list[int]]:
-    """The plan that keeps the first ``fraction`` of each site's heads or units (which ones does not change a time)."""
+    """The plan that keeps the first ``fraction`` of each site's heads or units (which ones are kept does not change
+    the time)."""
     return {s.path: list(range(round(fraction * s.num_units))) for s in sites}
 
 

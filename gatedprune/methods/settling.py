@@ -108,7 +108,11 @@ def check_depth_fits(depth, gates: HeadGates, budget) -> None:
     if least > budget.target:
         shown = shown_fraction(least)
         fits = deepest_fitting(depth, lambda d: costs.floor_with(gates, d) <= budget.target)
-        fewer = f"{fits} (the deepest that fits)" if fits else "fewer layers (none fits: one per stack is over it)"
+        if fits:
+            fewer = f"{fits} (the deepest that fits)"
+        else:  # one layer in each named stack is already over the target
+            one_each = shown_fraction(costs.floor_with(gates, dict.fromkeys(depth, 1)))
+            fewer = f"fewer stacks named (one layer in each keeps at least {one_each})"
         raise ValueError(f"pruning.settle_depth={dict(depth)} keeps at least {shown} of the dense model's "
                          f"{budget.WHAT[budget.unit]} (those layers alone, every other gated structure removed), "
                          f"above pruning.target_{budget.unit}={budget.target}; allowed: {fewer}, or a target of "
