@@ -606,3 +606,6 @@ def test_distillation_while_pruning_at_0_55_is_as_the_page_says():
         f"{apart('gates_bottom1_widths')[0]:+.2f} against the same protocol without the teacher, " \
         f"{apart('even_layers')[0]:+.2f} against even layers and {apart('random')[0]:+.2f} against random" in status
     assert f"no gain either ({apart('gates_bottom1_widths')[0]:+.2f} against the same protocol without it" in page
+    guide = " ".join((bench.ROOT / "docs" / "guide" / "method.md").read_text().split())
+    assert (f"recovered to {statistics.fmean(scores):.2f} ± {statistics.stdev(scores):.2f} test BLEU over three seeds, "
+            f"against {statistics.fmean(plain_scores):.2f} ± {statistics.stdev(plain_scores):.2f} without it") in guide
