@@ -148,8 +148,8 @@ def combined_plans(model, fractions=COMBINED_FRACTIONS) -> list[tuple[str, dict]
     from gatedprune.structures.kinds import KINDS
 
     widths = {kind: sites for kind, sites in kind_sites(model).items() if KINDS[kind].structure != "layer"}
-    plans = [(f"every width {f:g}", {path: kept for sites in widths.values()
-                                     for path, kept in first_units(sites, f).items()}) for f in fractions]
+    plans = [(f"every width {f:g}", first_units([s for sites in widths.values() for s in sites], f))
+             for f in fractions]
     decoder = probe(model).layers["decoder"]
     return [*plans, ("one decoder layer", {decoder: [0]}),
             *((f"{name}, one decoder layer", {**plan, decoder: [0]}) for name, plan in plans)]
@@ -190,7 +190,7 @@ def priced(rows: list[dict]) -> dict[str, float]:
 def additivity_off(rows: list[dict], fitted: dict[str, float] | None = None) -> dict[str, float]:
     """Per probe: the fit's seconds (``priced``, unless given) over the median measured, minus 1 (+: it runs faster
     than the fit says, so the fit under-predicts its speed-up; the speed-up tables' "off" has the other sign)."""
-    fitted = fitted or priced(rows)
+    fitted = priced(rows) if fitted is None else fitted
     return {r["probe"]: fitted[r["probe"]] / statistics.median(r["seconds"]) - 1 for r in rows}
 
 
