@@ -137,6 +137,9 @@ BOTTOM1_FILL = (*(o for o in BOTTOM1 if o != "pruning.export_fill=false"), "prun
 # is it with half the task loss the teacher's output KL (pruning.distill.alpha=0.5; no layer distillation), the
 # recovery unchanged
 BOTTOM1_KD = (*BOTTOM1, "pruning.distill.alpha=0.5")
+# gates_bottom1_widths is the one protocol that met the first two criteria at 0.55 and did not score below even layers
+# there; gates_bottom2_widths is the same protocol at 0.67 (two decoder layers), to find out whether one protocol holds
+# at both targets where today each target has its own (gates_bottom2_late at 0.67)
 GATES = {"gates": GatedPhase(), "gates_settled": GatedPhase(300, 100, SETTLED), "gates_nash": GatedPhase(300, 100, NASH),
          "gates_depth2": GatedPhase(300, 100, DEPTH2, targets=("high",)),
          "gates_bottom1": GatedPhase(300, 1, BOTTOM1, ("low",), "gates"),
@@ -149,7 +152,8 @@ GATES = {"gates": GatedPhase(), "gates_settled": GatedPhase(300, 100, SETTLED), 
          "gates_bottom1_ceiling": GatedPhase(300, 100, BOTTOM1_CEILING, ("low",), "gates"),
          "gates_bottom1_fill": GatedPhase(300, 1, BOTTOM1_FILL, ("low",), "gates"),
          "gates_bottom1_widths": GatedPhase(300, 1, BOTTOM1, ("low",), "gates", widths_at=200),
-         "gates_bottom1_widths_kd": GatedPhase(300, 1, BOTTOM1_KD, ("low",), "gates", widths_at=200)}
+         "gates_bottom1_widths_kd": GatedPhase(300, 1, BOTTOM1_KD, ("low",), "gates", widths_at=200),
+         "gates_bottom2_widths": GatedPhase(300, 1, BOTTOM2, ("high",), "gates_depth2", widths_at=200)}
 
 
 @dataclass(frozen=True)
@@ -446,7 +450,7 @@ def stand_in(cell: Recovery, cells: list[dict], runs: Path) -> dict | None:
 # issue 38's candidate protocols, each compared with the other starts
 CANDIDATES = ("gates_settled", "gates_nash", "gates_depth2", "gates_bottom2", "gates_bottom1", "gates_bottom2_flat",
               "gates_bottom2_late", "gates_bottom1_late", "gates_bottom2_ceiling", "gates_bottom1_ceiling",
-              "gates_bottom1_fill", "gates_bottom1_widths", "gates_bottom1_widths_kd")
+              "gates_bottom1_fill", "gates_bottom1_widths", "gates_bottom1_widths_kd", "gates_bottom2_widths")
 RIVALS = ("gates", "random", "even_layers")
 
 
