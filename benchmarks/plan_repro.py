@@ -7,7 +7,8 @@ own; ``measured_5pct``: the same, timed again until the fit misses its probes by
 run and kept for the second in the machine's cache (``fit=measured_once``: no table, as a run without one prices
 since 2026-12-06; ``$GATEDPRUNE_CACHE`` fresh for the pair) or read from the recovery grid's kept fit
 (``fit=table``). ``--protocol`` picks which default: ``first_layers``, today's
-(``pruning=first_layers``, 300 gated steps), or ``preset``, the one before it (``pruning=speed``, 100 gated steps).
+(``pruning=first_layers``, 300 gated steps), ``first_layers_late``, the one of 2026-12-06 (its layers settled at gated
+step 100, no widths held), or ``preset``, the one before both (``pruning=speed``, 100 gated steps).
 Its json records the fit (base, costs per structure, largest error over its probes, each probe's timings) and the
 plan, or the line a run refused with; ``table`` compares each pair. A run already in ``--results`` is skipped.
 
@@ -44,8 +45,12 @@ FITS = {"measured": ["pruning.workload.table=null"],
 # one the pair shares, empty before its first run (the first times the fit, the second reuses it)
 SHARED_CACHE = {"measured_once"}
 LOADS = ("busy", "quiet")  # in this order: the busy run first, as the issue asks
-# each default's gated phase, and the prefix of its records' names (the preset's were recorded without one)
-PROTOCOLS = {"first_layers": ("first_layers_", ["model=teacher", "gated_steps=300"]),
+# each default's gated phase, and the prefix of its records' names (the preset's were recorded without one):
+# today's (pruning=first_layers since 2026-12-07: the layers settled at step 1, the widths held from step 200), the
+# one of 2026-12-06 (the same preset with its layers settled at step 100 and no widths held), and the one before both
+PROTOCOLS = {"first_layers": ("first_layers_widths_", ["model=teacher", "gated_steps=300"]),
+             "first_layers_late": ("first_layers_", ["model=teacher", "gated_steps=300", "pruning.settle_layers_at=100",
+                                                     "pruning.settle_widths_at=null"]),
              "preset": ("", ["pruning=speed", "model=teacher", "gated_steps=100"])}
 
 
@@ -169,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--fit", choices=list(FITS), default=None, help="one pair (default: each)")
     parser.add_argument("--protocol", choices=list(PROTOCOLS), default="first_layers",
-                        help="the default run's (first_layers) or the one before it (preset)")
+                        help="today's default run's (first_layers), the one of 2026-12-06 (first_layers_late) or the one "
+                             "before both (preset)")
     args_ = parser.parse_args(argv)
     if args_.stage == "run":
         for fit in [args_.fit] if args_.fit else FITS:
@@ -182,8 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     write_readme(args_.results, "The same plan every run (benchmarks/plan_repro.py)",
                  "A default run's gated phase from the teacher (target 0.67, seed 1234), twice per fit: first with a "
                  "second process spinning on one core, then without; the fit's costs, and how many structures the two "
-                 "exports' plans differ in. first_layers: today's default (pruning=first_layers, 300 gated steps); "
-                 "preset: the default before it (pruning=speed, 100 gated steps). Fits: measured at set-up as a run "
+                 "exports' plans differ in. first_layers: today's default (pruning=first_layers, 300 gated steps, the "
+                 "layers settled at step 1 and the widths held from step 200, since 2026-12-07); first_layers_late: "
+                 "the default of 2026-12-06 (the layers settled at step 100, no widths held); preset: the default "
+                 "before both (pruning=speed, 100 gated steps). Fits: measured at set-up as a run "
                  "makes it, each run its own (measured), measured until it misses its probes by 5% at most "
                  "(measured_5pct: pruning.workload.fit_tolerance=0.05, fit_attempts=15), measured by the busy run "
                  "and kept in the machine's cache for the quiet one (measured_once: a run with no table since "

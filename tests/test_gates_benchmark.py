@@ -114,7 +114,12 @@ def test_the_plan_pairs_run_today_s_default_and_record_a_refusal_as_a_result(tmp
         tight = {"fit_tolerance": 0.05, "fit_attempts": 15} if fit == "measured_5pct" else {}
         assert run.pruning == {**default.pruning, "workload": {**default.pruning.workload, "table": table, **tight}}
         assert run.gated_steps == default.gated_steps == 300 and run.finetune.steps == 0
-        assert args[-1] == f"hydra.run.dir={tmp_path / f'first_layers_{fit}_busy'}"
+        assert args[-1] == f"hydra.run.dir={tmp_path / f'first_layers_widths_{fit}_busy'}"
+        # the default of 2026-12-06, whose pairs are the records named first_layers_*: the same preset with its
+        # layers settled at step 100 and no widths held
+        late = compose_train(tmp_path, *bench.args(fit, "busy", tmp_path, "first_layers_late"))
+        assert late.pruning == {**run.pruning, "settle_layers_at": 100, "settle_widths_at": None}
+        assert bench.name_of("first_layers_late", fit, "busy") == f"first_layers_{fit}_busy"
     assert compose_train(tmp_path, *bench.args("table", "busy", tmp_path, "preset")).gated_steps == 100
     # measured_once's pair shares one machine cache, emptied before its busy run only: the quiet run reuses its fit;
     # every other run times its own in a cache emptied before it
@@ -134,14 +139,14 @@ def test_the_plan_pairs_run_today_s_default_and_record_a_refusal_as_a_result(tmp
                "{'decoder': 1} (the deepest that fits), or a target of at least 0.69")
 
     def refused(command, log, env):
-        assert env == {"GATEDPRUNE_CACHE": str(tmp_path / "caches" / "first_layers_measured_busy")}
+        assert env == {"GATEDPRUNE_CACHE": str(tmp_path / "caches" / "first_layers_widths_measured_busy")}
         log.write_text(f"set-up\n{refusal}\n")
         raise subprocess.CalledProcessError(1, command)
 
     monkeypatch.setattr(bench.recovery, "_run", refused)
     record = bench.run_one("measured", "busy", tmp_path, tmp_path / "results", "first_layers")
     assert record["refused"] == refusal
-    assert json.loads((tmp_path / "results" / "first_layers_measured_busy.json").read_text()) == record
+    assert json.loads((tmp_path / "results" / "first_layers_widths_measured_busy.json").read_text()) == record
     rows = [line for line in bench.table(tmp_path / "results").splitlines() if line.startswith("| first_layers")]
     assert rows == [f"| first_layers | measured | busy | - | - | - | - | - | - | - | - | refused: {refusal} |"]
 
@@ -152,12 +157,38 @@ def test_the_plan_pairs_run_today_s_default_and_record_a_refusal_as_a_result(tmp
     monkeypatch.setattr(bench.recovery, "_run", crashed)
     with pytest.raises(subprocess.CalledProcessError):
         bench.run_one("table", "busy", tmp_path, tmp_path / "results", "first_layers")
-    assert not (tmp_path / "results" / "first_layers_table_busy.json").exists()
+    assert not (tmp_path / "results" / "first_layers_widths_table_busy.json").exists()
+
+
+def test_today_s_default_ships_one_plan_busy_and_quiet_the_plan_make_train_shipped(tmp_path):
+    """docs/gates.md 0c (since 2026-12-07): today's default (the widths held from gated step 200), priced by the kept
+    table, shipped one plan beside a busy core and after it; make train's run of the same day shipped it too, and it
+    keeps what the grid's gates_bottom2_widths cell kept at seed 1234."""
+    bench = load_benchmark("plan_repro")
+    pair = [json.loads((bench.RESULTS / f"first_layers_widths_table_{load}.json").read_text()) for load in bench.LOADS]
+    assert [r["protocol"] for r in pair] == ["first_layers"] * 2 and [r["load"] for r in pair] == list(bench.LOADS)
+    assert all("settle" not in r["command"] and "pruning.workload.table=" in r["command"] for r in pair)
+    assert bench.plan_difference(pair[0]["plan"], pair[1]["plan"]) == 0
+    shipped = json.loads((bench.ROOT / "docs" / "benchmarks" / "default_run" / "2026-12-07.json").read_text())
+    assert bench.plan_difference(pair[0]["plan"], shipped["export_plan"]) == 0
+    assert sum(map(len, shipped["export_plan"].values())) == sum(shipped["metrics"]["kept"].values())
+    cell = json.loads((bench.recovery.RESULTS / "choose_gates_bottom2_widths_0.67_s1234_1000_lr0.002.json").read_text())
+    assert pair[0]["kept"] == pair[1]["kept"] == cell["gated_phase"]["kept"] == shipped["metrics"]["kept"]
+    k = pair[0]["kept"]
+    page = " ".join((bench.ROOT / "docs" / "gates.md").read_text().split())
+    assert (f"**The two runs ship one plan** (0 structures apart: {k['encoder'] + k['decoder'] + k['cross']} heads, "
+            f"{k['encoder_ffn']} encoder and {k['decoder_ffn']} decoder FFN units, the decoder's first two layers)"
+            ) in page
+    assert all(abs(r["budget"]["latency"]["expected_kept"] - 0.67) < 0.001 for r in pair)
+    m = shipped["metrics"]
+    bleu, fair = m["test"]["pruned"]["bleu"], m["reference"]["test_bleu"]
+    assert (f"`make train` shipped {bleu:.2f} test BLEU after {m['steps']} gated and {m['finetune']['steps']} "
+            f"fine-tuning steps, {fair - bleu:.2f} below the teacher trained on as long (README)") in page
 
 
 def test_the_default_s_plan_pairs_are_the_committed_records(tmp_path):
-    """docs/gates.md 0c and the README: the default run, priced by the teacher's kept table, shipped one plan busy and
-    quiet; with a fit measured at set-up its two plans differed, by the count the page gives."""
+    """docs/gates.md 0c and the README: the default of 2026-12-06, priced by the teacher's kept table, shipped one plan
+    busy and quiet; with a fit measured at set-up its two plans differed, by the count the page gives."""
     bench = load_benchmark("plan_repro")
     record = {n: json.loads((bench.RESULTS / f"first_layers_{n}.json").read_text())
               for n in ("table_busy", "table_quiet", "measured_busy", "measured_quiet")}
@@ -563,7 +594,7 @@ def test_distillation_while_pruning_at_0_55_is_as_the_page_says():
     import statistics
 
     bench = load_benchmark("recovery")
-    section, cells = _section_and_cells("0m", "0c")
+    section, cells = _section_and_cells("0m", "0n")
     page = " ".join(bench.GATES_PAGE.read_text().split())
 
     kd, plain = cells("gates_bottom1_widths_kd"), cells("gates_bottom1_widths")
@@ -609,3 +640,67 @@ def test_distillation_while_pruning_at_0_55_is_as_the_page_says():
     guide = " ".join((bench.ROOT / "docs" / "guide" / "method.md").read_text().split())
     assert (f"recovered to {statistics.fmean(scores):.2f} ± {statistics.stdev(scores):.2f} test BLEU over three seeds, "
             f"against {statistics.fmean(plain_scores):.2f} ± {statistics.stdev(plain_scores):.2f} without it") in guide
+
+
+def test_the_widths_held_at_0_67_are_as_the_page_says():
+    """docs/gates.md 0n: gates_bottom2_widths (gates_bottom1_widths with two decoder layers) at 0.67, its gated
+    phases (criteria 1 and 2, what they keep, their exports before recovery) and its recovery against the default of
+    2026-12-06, random structures and even layers by seed, as the records keep them; the t statistics it quotes."""
+    import math
+    import statistics
+
+    bench = load_benchmark("recovery")
+    page = " ".join(bench.GATES_PAGE.read_text().split())
+    section = page.split("## 0n.")[1].split("## 0c.")[0]
+
+    def cells(start):
+        return [json.loads((bench.RESULTS / f"choose_{start}_0.67_s{seed}_1000_lr0.002.json").read_text())
+                for seed in bench.SEEDS]
+
+    held, late = cells("gates_bottom2_widths"), cells("gates_bottom2_late")
+    for c in held:  # both criteria: every cost at the target, the mask shipped is the model validated
+        costs = c["gated_phase"]["budget"]["latency"]
+        assert all(abs(costs[k] - 0.67) / 0.67 < 0.001 for k in ("expected_kept", "binary_kept", "plan_kept"))
+        assert round(c["gated_phase"]["gated_val_bleu"] - c["gated_phase"]["export_val_bleu"], 2) == 0
+        assert c["kept_layers"]["decoder"] == 2 and "pruning.settle_widths_at=200" in c["export_command"]
+
+    def span(values, digits=2):
+        return f"{min(values):.{digits}f}-{max(values):.{digits}f}"
+
+    # gates_bottom2_late's gated phases are recorded by benchmarks/gates.py (0j)
+    phases = [json.loads((load_benchmark("gates").RESULTS / f"bottom2_late_300_0.67_s{seed}.json").read_text())
+              for seed in bench.SEEDS]
+    assert (f"the export scores {span([c['gated_phase']['export_val_bleu'] for c in held])} validation BLEU, against "
+            f"{span([p['export']['val_bleu'] for p in phases])} for `gates_bottom2_late`'s exports") in section
+    assert all(p["expected_kept"] < 0.67 * 0.98 for p in phases)  # "ended 2.3-2.9% under the target"
+    kept = [c["gated_phase"]["kept"] for c in held]
+    assert all(k["encoder"] == 24 and k["decoder"] == 7 and k["cross"] == 9 for k in kept)
+    assert (f"every encoder head, {span([k['encoder_ffn'] for k in kept], 0)} encoder FFN units, 7 decoder heads, 9 "
+            f"cross heads and {span([k['decoder_ffn'] for k in kept], 0)} decoder FFN units "
+            f"({span([c['params'] / 1e6 for c in held])} M parameters)") in section
+    assert {p["export"]["kept"]["encoder"] for p in phases} == {23}
+    assert (f"23 encoder heads and {span([p['export']['kept']['decoder_ffn'] for p in phases], 0)} decoder FFN units "
+            f"({span([c['params'] / 1e6 for c in late])} M)") in section
+    table = bench.choose(bench.RESULTS, chosen="gates_bottom2_widths")[0.67]
+    scores = [table["gates_bottom2_widths"]["by_seed"][s] for s in bench.SEEDS]
+    assert scores == [c["test_bleu_at"]["1000"] for c in held]
+    assert f"After 1,000 steps it scores {statistics.fmean(scores):.2f} ± {statistics.stdev(scores):.2f} test BLEU" \
+        in section
+    for rival, label in (("gates_bottom2_late", "against `gates_bottom2_late`, the default of 2026-12-06"),
+                         ("random", "against random structures"), ("even_layers", "against even layers")):
+        apart = [a - table[rival]["by_seed"][s] for a, s in zip(scores, bench.SEEDS)]
+        assert min(apart) > 0  # above it at every seed
+        mean = statistics.fmean(apart)
+        assert f"{mean:+.2f} {label} ({', '.join(f'{d:+.2f}' for d in apart)})" in section, rival
+        if rival != "gates_bottom2_late":  # the paired t on two degrees of freedom, and its two-sided p
+            t = mean / (statistics.stdev(apart) / math.sqrt(3))
+            p = 1 - t / math.sqrt(t * t + 2)
+            assert f"{t:.1f} against {'random structures' if rival == 'random' else 'even layers'}, p about {p:.2f}" \
+                in section.replace("paired t of ", ""), (rival, t, p)
+    # the page's first lines say the same
+    status = page.split("## 0.")[0]
+    leads = {r: statistics.fmean(a - table[r]["by_seed"][s] for a, s in zip(scores, bench.SEEDS))
+             for r in ("random", "even_layers", "gates_bottom2_late")}
+    assert (f"{statistics.fmean(scores):.2f} ± {statistics.stdev(scores):.2f} test BLEU after 1,000 steps, above random "
+            f"structures ({leads['random']:+.2f}), even layers ({leads['even_layers']:+.2f}) and the default of "
+            f"2026-12-06 ({leads['gates_bottom2_late']:+.2f}) at every seed") in status

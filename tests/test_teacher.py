@@ -48,7 +48,7 @@ def test_model_teacher_starts_from_the_kept_teacher_without_a_dense_phase():
     assert cfg.model.name_or_path == str(TEACHER_DIR) and cfg.data.tokenizer_path == str(TEACHER_DIR)
     assert cfg.dense_steps == 0 and cfg.pruning.start_step == 0
     settled = schedule.settle(cfg, Path("/tmp/unused"))
-    # the default run's gated phase from the teacher: pruning=first_layers settles its layers at step 100 of 300
+    # the default run's gated phase from the teacher: pruning=first_layers holds its widths from step 200 of 300
     assert settled["start_step"] == 0 and settled["gated_steps"] == 300 and cfg.trainer.max_steps == 300
 
 
