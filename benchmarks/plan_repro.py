@@ -49,8 +49,7 @@ LOADS = ("busy", "quiet")  # in this order: the busy run first, as the issue ask
 # today's (pruning=first_layers since 2026-12-07: the layers settled at step 1, the widths held from step 200), the
 # one of 2026-12-06 (the same preset with its layers settled at step 100 and no widths held), and the one before both
 PROTOCOLS = {"first_layers": ("first_layers_widths_", ["model=teacher", "gated_steps=300"]),
-             "first_layers_late": ("first_layers_", ["model=teacher", "gated_steps=300", "pruning.settle_layers_at=100",
-                                                     "pruning.settle_widths_at=null"]),
+             "first_layers_late": ("first_layers_", ["model=teacher", "gated_steps=300", *recovery.FIRST_LAYERS_LATE]),
              "preset": ("", ["pruning=speed", "model=teacher", "gated_steps=100"])}
 
 

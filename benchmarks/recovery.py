@@ -57,6 +57,10 @@ LOW, HIGH = 0.55, 0.67
 # its schedule had where it stopped: 1e-3 * sqrt(400 / 8,250) (conf/optim/adamw.yaml's inverse square root; the
 # teacher's 8,250 steps in teacher/teacher.json), held constant (the schedule falls 6% over 1,000 more steps)
 TEACHER_LR = 2.2e-4
+# pruning=first_layers as the default run of 2026-12-06 ran it (its layers settled at gated step 100, no widths held;
+# since 2026-12-07 the preset settles them at step 1 and holds the widths from step 200): what the records of that
+# default (plan_repro.py's first_layers_late pairs, ceiling.py's runs) re-run
+FIRST_LAYERS_LATE = ("pruning.settle_layers_at=100", "pruning.settle_widths_at=null")
 DEFAULT_RUN_STEPS = 1100  # make train's 300 gated + 800 fine-tuning steps from the teacher (conf/train.yaml)
 
 
@@ -112,7 +116,7 @@ BOTTOM2 = (*NASH, "pruning.settle_keep=bottom", "pruning.settle_depth={decoder:2
 # the multiplier stays positive while the cost comes down: +1.0% at seed 1234, its mask over the target, an export
 # gap of 2.55), or the layers decided at step 100 as gates_depth2's, after the ramp (gates_bottom2_late, then
 # gates_bottom1_late at 0.55: 2.3-2.9% under 0.67 with an export gap of 0.00 at every seed, and higher than random
-# structures and even layers after 1,000 steps at each seed; the default run's pruning=first_layers ships it, docs/gates.md 0j)
+# structures and even layers after 1,000 steps at each seed; the default run's pruning=first_layers of 2026-12-06, 0j)
 BOTTOM2_FLAT = (*(o for o in BOTTOM2 if not o.startswith("pruning.target_warmup_steps=")),
                 "pruning.target_warmup_steps=0")
 # gates_bottom2_late with the target a ceiling (pruning.target_ceiling: lambda1 >= 0). Under Adam lambda1 moves by
@@ -139,7 +143,8 @@ BOTTOM1_FILL = (*(o for o in BOTTOM1 if o != "pruning.export_fill=false"), "prun
 BOTTOM1_KD = (*BOTTOM1, "pruning.distill.alpha=0.5")
 # gates_bottom1_widths is the one protocol that met the first two criteria at 0.55 and did not score below even layers
 # there; gates_bottom2_widths is the same protocol at 0.67 (two decoder layers), to find out whether one protocol holds
-# at both targets where today each target has its own (gates_bottom2_late at 0.67)
+# at both targets where until then each target had its own (gates_bottom2_late at 0.67). It did (docs/gates.md 0n),
+# and since 2026-12-07 it is the default run's pruning=first_layers
 GATES = {"gates": GatedPhase(), "gates_settled": GatedPhase(300, 100, SETTLED), "gates_nash": GatedPhase(300, 100, NASH),
          "gates_depth2": GatedPhase(300, 100, DEPTH2, targets=("high",)),
          "gates_bottom1": GatedPhase(300, 1, BOTTOM1, ("low",), "gates"),

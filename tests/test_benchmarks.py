@@ -878,8 +878,11 @@ def test_the_readme_s_recovery_numbers_are_the_cells():
     teacher = cells["reference_teacher_1.0_s1234_2000_lr0.00022"]["test_bleu_at"]["1000"]
     assert (f"at 0.67 of the predicted latency, with two decoder layers, {said(bench.HIGH, 'gates_bottom2_widths')} "
             f"test BLEU, against {said(bench.HIGH, 'random')} for random structures and "
-            f"{said(bench.HIGH, 'even_layers')} for evenly kept decoder layers at the same target, and {teacher:.2f} "
-            "for the teacher trained 1,000 steps more (one seed)") in readme
+            f"{said(bench.HIGH, 'even_layers')} for evenly kept decoder layers at the same target (two layers at every "
+            f"width, over it), and {teacher:.2f} for the teacher trained 1,000 steps more (one seed)") in readme
+    even_cell = next(c for c in cells.values() if c["start"] == "even_layers" and c["target"] == bench.HIGH
+                     and c.get("speed_predicted"))
+    assert even_cell["kept_layers"]["decoder"] == 2 and 1 / even_cell["speed_predicted"] > bench.HIGH  # over it
     widths, random, even = (scores[(bench.LOW, s)] for s in ("gates_bottom1_widths", "random", "even_layers"))
     assert all(widths["by_seed"][s] > random["by_seed"][s] for s in bench.SEEDS)
     assert (f"at 0.55, with one decoder layer (`'pruning.settle_depth={{decoder:1}}'`), "
@@ -944,7 +947,8 @@ def test_the_default_run_is_the_first_layers_protocol_the_grid_measured(tmp_path
     # the default of 2026-12-06 (gates_bottom2_late: its layers settled at step 100, no widths held), as the plan
     # pairs of that day re-run it
     pairs = load_benchmark("plan_repro")
-    late = compose_train(tmp_path, *pairs.args("table", "busy", tmp_path, "first_layers_late")[:-5])
+    late = compose_train(tmp_path, *(a for a in pairs.args("table", "busy", tmp_path, "first_layers_late")
+                                     if not a.startswith(benchmark_only)))
     before = ["model=teacher", "pruning=speed", f"pruning.target_latency={bench.HIGH}",
               f"pruning.workload.table={bench.TABLE}", *bench.GATES["gates_bottom2_late"].args(1.0)]
     assert late.pruning == compose_train(tmp_path, *before).pruning

@@ -166,6 +166,7 @@ def test_today_s_default_ships_one_plan_busy_and_quiet_the_plan_make_train_shipp
     keeps what the grid's gates_bottom2_widths cell kept at seed 1234."""
     bench = load_benchmark("plan_repro")
     pair = [json.loads((bench.RESULTS / f"first_layers_widths_table_{load}.json").read_text()) for load in bench.LOADS]
+    assert [r["name"] for r in pair] == [f"first_layers_widths_table_{load}" for load in bench.LOADS]
     assert [r["protocol"] for r in pair] == ["first_layers"] * 2 and [r["load"] for r in pair] == list(bench.LOADS)
     assert all("settle" not in r["command"] and "pruning.workload.table=" in r["command"] for r in pair)
     assert bench.plan_difference(pair[0]["plan"], pair[1]["plan"]) == 0
@@ -186,7 +187,7 @@ def test_today_s_default_ships_one_plan_busy_and_quiet_the_plan_make_train_shipp
             f"fine-tuning steps, {fair - bleu:.2f} below the teacher trained on as long (README)") in page
 
 
-def test_the_default_s_plan_pairs_are_the_committed_records(tmp_path):
+def test_the_plan_pairs_of_the_default_of_2026_12_06_are_the_committed_records(tmp_path):
     """docs/gates.md 0c and the README: the default of 2026-12-06, priced by the teacher's kept table, shipped one plan
     busy and quiet; with a fit measured at set-up its two plans differed, by the count the page gives."""
     bench = load_benchmark("plan_repro")
@@ -341,6 +342,10 @@ def test_the_ceiling_runs_record_the_multiplier_and_compose_the_default_s_gated_
         assert run.gated_steps == steps and run.pruning.target_ceiling == ("pruning.target_ceiling=true" in overrides)
         table = str(bench.BUSY_FIT) if name.startswith("busy_fit") else default.pruning.workload.table
         assert run.pruning.workload.table == table and run.pruning.target_latency == default.pruning.target_latency
+        # the default of 2026-12-06, as the records were made: layers settled at step 100, no widths held
+        assert run.pruning.settle_layers_at == 100 and run.pruning.settle_widths_at is None
+        assert {**run.pruning, "settle_layers_at": 1, "settle_widths_at": 200, "target_ceiling": False,
+                "workload": default.pruning.workload} == default.pruning
     log = tmp_path / "run" / "csv"
     log.mkdir(parents=True)
     log.joinpath("metrics.csv").write_text("step,train/expected_latency,train/target_latency,train/lambda1,val/bleu\n"
@@ -672,10 +677,15 @@ def test_the_widths_held_at_0_67_are_as_the_page_says():
               for seed in bench.SEEDS]
     assert (f"the export scores {span([c['gated_phase']['export_val_bleu'] for c in held])} validation BLEU, against "
             f"{span([p['export']['val_bleu'] for p in phases])} for `gates_bottom2_late`'s exports") in section
-    assert all(p["expected_kept"] < 0.67 * 0.98 for p in phases)  # "ended 2.3-2.9% under the target"
+    under = [100 * (0.67 - p[k]) / 0.67 for p in phases for k in ("expected_kept", "binary_kept", "plan_kept")]
+    assert f"`gates_bottom2_late` ended {span(under, 1)}% under the target, this protocol at it" in section
+    unspent = sum(100 * (0.67 - p["plan_kept"]) / 0.67 for p in phases) / 3
+    assert f"it spends the {unspent:.1f}% of the latency that `gates_bottom2_late` left unspent" in section
     kept = [c["gated_phase"]["kept"] for c in held]
-    assert all(k["encoder"] == 24 and k["decoder"] == 7 and k["cross"] == 9 for k in kept)
-    assert (f"every encoder head, {span([k['encoder_ffn'] for k in kept], 0)} encoder FFN units, 7 decoder heads, 9 "
+    heads = {kind: {k[kind] for k in kept} for kind in ("encoder", "decoder", "cross")}
+    assert all(len(v) == 1 for v in heads.values()) and heads["encoder"] == {24}  # every encoder head
+    assert (f"every encoder head, {span([k['encoder_ffn'] for k in kept], 0)} encoder FFN units, "
+            f"{heads['decoder'].pop()} decoder heads, {heads['cross'].pop()} "
             f"cross heads and {span([k['decoder_ffn'] for k in kept], 0)} decoder FFN units "
             f"({span([c['params'] / 1e6 for c in held])} M parameters)") in section
     assert {p["export"]["kept"]["encoder"] for p in phases} == {23}
