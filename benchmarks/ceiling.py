@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             run_one(name, args_.runs.resolve(), args_.results)
     write_readme(args_.results, "The cost multiplier past the default's gated phase (benchmarks/ceiling.py)",
                  "The default run's gated phase of 2026-12-06 from the kept teacher (pruning=first_layers with "
-                 "pruning.settle_layers_at=100 pruning.settle_widths_at=null, target 0.67, seed 1234): with the kept table run on to 450 gated steps, as it is and with pruning.target_ceiling=true; "
+                 "pruning.settle_layers_at=100 pruning.settle_widths_at=null, target 0.67, seed 1234): with the "
+                 "kept table run on to 450 gated steps, as it is and with pruning.target_ceiling=true; "
                  "and its 300 steps with the target a ceiling, priced by the busy fit of plan_repro.py's "
                  "measured_once pair (busy_fit.json; without the ceiling that pair ended at 0.757). Each cell the "
                  "expected kept latency and lambda1 at that gated step (the target is 0.67 from step 50); the export "
