@@ -465,14 +465,14 @@ def test_the_ceiling_at_0_55_is_as_the_page_says():
     assert f"recovered to {statistics.fmean(scores):.2f} ± {statistics.stdev(scores):.2f} test BLEU" in page
 
 
-def _section_and_cells(section: str, until: str):
+def _section_and_cells(section: str, until: str, target: str = "0.55"):
     """(the page's section ``section`` up to ``until``, whitespace folded; a function giving a start's three
-    choose cells at 0.55 after 1,000 steps, by seed)."""
+    choose cells at ``target`` after 1,000 steps, by seed)."""
     bench = load_benchmark("recovery")
     page = " ".join(bench.GATES_PAGE.read_text().split())
 
     def cells(start):
-        return [json.loads((bench.RESULTS / f"choose_{start}_0.55_s{seed}_1000_lr0.002.json").read_text())
+        return [json.loads((bench.RESULTS / f"choose_{start}_{target}_s{seed}_1000_lr0.002.json").read_text())
                 for seed in bench.SEEDS]
 
     return page.split(f"## {section}.")[1].split(f"## {until}.")[0], cells
@@ -656,12 +656,7 @@ def test_the_widths_held_at_0_67_are_as_the_page_says():
 
     bench = load_benchmark("recovery")
     page = " ".join(bench.GATES_PAGE.read_text().split())
-    section = page.split("## 0n.")[1].split("## 0c.")[0]
-
-    def cells(start):
-        return [json.loads((bench.RESULTS / f"choose_{start}_0.67_s{seed}_1000_lr0.002.json").read_text())
-                for seed in bench.SEEDS]
-
+    section, cells = _section_and_cells("0n", "0c", target="0.67")
     held, late = cells("gates_bottom2_widths"), cells("gates_bottom2_late")
     for c in held:  # both criteria: every cost at the target, the mask shipped is the model validated
         costs = c["gated_phase"]["budget"]["latency"]
