@@ -23,9 +23,10 @@ smoke: setup
 	$(OFFLINE) $(BIN)/python train.py experiment=smoke $(ARGS)
 
 # both cores: one torch thread per process (tests/conftest.py), two workers; loadfile keeps a file's module
-# fixtures (trained runs) built once, on one worker; the 15 slowest tests are listed at the end (the suite's budget)
+# fixtures (trained runs) built once, on one worker, and the files go out longest first (tests/conftest.py's
+# order, not xdist's by number of tests); the 15 slowest tests are listed at the end (the suite's budget)
 test: setup
-	$(OFFLINE) $(BIN)/python -m pytest -n 2 --dist loadfile --durations=15 $(ARGS)
+	$(OFFLINE) $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15 $(ARGS)
 
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve

@@ -51,10 +51,12 @@ def model_of(tmp_path_factory):
     return get
 
 
-# the files whose tests train most, first: pytest-xdist (--dist loadfile) hands whole files to the two workers in
-# collection order, so a long file collected last would leave one worker idle at the end
-HEAVY_FIRST = ("test_reliability.py", "test_baselines.py", "test_wheel.py", "test_hostile_input.py", "test_train.py",
-               "test_benchmarks.py", "test_bad_input.py", "test_ddp.py", "test_evaluate.py", "test_structure.py")
+# the longest files first, by their seconds in a full run (2026-12-07): pytest-xdist (--dist loadfile, with
+# --no-loadscope-reorder in the Makefile, else it orders files by their number of tests) hands whole files to the two
+# workers in collection order, so a long file collected last would leave one worker idle at the end
+HEAVY_FIRST = ("test_benchmarks.py", "test_bad_input.py", "test_gates_benchmark.py", "test_reliability.py",
+               "test_reliability_finetune.py", "test_train_costs.py", "test_structure.py", "test_reliability_sweep.py",
+               "test_wheel.py", "test_baselines.py", "test_readme_commands.py", "test_train_kinds.py")
 
 
 def pytest_collection_modifyitems(items) -> None:

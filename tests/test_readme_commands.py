@@ -99,19 +99,31 @@ def test_readme_command(command, tmp_path):
             cfg = compose("train", overrides=overrides, return_hydra_config=True)
         _check_applied(cfg, overrides)
     elif program.startswith(("benchmarks/", "scripts/")):  # a script: it exists, and takes the options shown
-        proc = subprocess.run([sys.executable, str(ROOT / program), "--help"], capture_output=True, text=True,
-                              env=offline_env(), cwd=tmp_path, timeout=120)
-        assert proc.returncode == 0, proc.stderr[-2000:]
+        returncode, stdout, stderr = _help((str(ROOT / program),), tmp_path)
+        assert returncode == 0, stderr[-2000:]
         for option in (a for a in args if a.startswith("--")):
-            assert option in proc.stdout, f"{program} has no option {option}"
+            assert option in stdout, f"{program} has no option {option}"
     else:
         assert program in TOOLS, f"unknown command {program!r} in the README"
         command = program.removeprefix("gatedprune-")
-        proc = subprocess.run([sys.executable, "-m", "gatedprune", command, "--help"], capture_output=True, text=True,
-                              env=offline_env(), cwd=tmp_path, timeout=120)
-        assert proc.returncode == 0, proc.stderr[-2000:]
+        returncode, stdout, stderr = _help(("-m", "gatedprune", command), tmp_path)
+        assert returncode == 0, stderr[-2000:]
         for option in (a for a in args if a.startswith("--")):
-            assert option in proc.stdout, f"{program} has no option {option}"
+            assert option in stdout, f"{program} has no option {option}"
+
+
+_HELP: dict[tuple[str, ...], tuple[int, str, str]] = {}
+
+
+def _help(program: tuple[str, ...], cwd) -> tuple[int, str, str]:
+    """``python *program --help`` in an empty directory: (exit status, stdout, stderr), run once per program however
+    many commands the pages give it (each start of the package costs seconds; every command's options are checked
+    against that one text, which does not depend on the directory)."""
+    if program not in _HELP:
+        proc = subprocess.run([sys.executable, *program, "--help"], capture_output=True, text=True, env=offline_env(),
+                              cwd=cwd, timeout=120)
+        _HELP[program] = proc.returncode, proc.stdout, proc.stderr
+    return _HELP[program]
 
 
 def _check_applied(cfg, overrides: list[str]) -> None:

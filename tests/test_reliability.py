@@ -166,24 +166,40 @@ def test_gated_run_forked_from_a_dense_checkpoint_ends_where_a_run_from_scratch_
     assert not torch.equal(_log_alpha(fork / "checkpoints/last.ckpt"), _log_alpha(reference_run / "checkpoints/last.ckpt"))
 
 
+METHOD_OPTIONS = {"l0": [], "l0_budget": ["pruning.target_heads=8"]}
+
+
+@pytest.fixture(scope="module")
+def method_run(tmp_path_factory):
+    """``method_run(method)``: the run directory of one smoke run of that method from scratch, each run once per module
+    (one test's source run is the other's reference)."""
+    from helpers import run_train
+
+    done = {}
+
+    def get(method: str) -> Path:
+        if method not in done:
+            run = tmp_path_factory.mktemp(method) / "run"
+            proc = run_train(run, f"pruning={method}", *METHOD_OPTIONS[method])
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            done[method] = run
+        return done[method]
+
+    return get
+
+
 @pytest.mark.parametrize("source, target", [("l0", "l0_budget"), ("l0_budget", "l0")])
-def test_a_fork_into_another_method_ends_where_that_method_from_scratch_does(tmp_path, source, target):
+def test_a_fork_into_another_method_ends_where_that_method_from_scratch_does(tmp_path, method_run, source, target):
     # the other method's optimiser group (a budget's multipliers) starts fresh in the fork, or goes
     from helpers import run_train
 
-    budget = ["pruning.target_heads=8"]
-    options = {"l0": [], "l0_budget": budget}
-    first = run_train(tmp_path / "source", f"pruning={source}", *options[source])
-    assert first.returncode == 0, first.stderr[-3000:]
-    dense = tmp_path / "source" / "checkpoints" / "dense.ckpt"
-    runs = {"fork": [f"resume={dense}"], "scratch": []}
-    for name, extra in runs.items():
-        proc = run_train(tmp_path / name, f"pruning={target}", *options[target], *extra)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    ours, theirs = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in runs)
+    dense = method_run(source) / "checkpoints" / "dense.ckpt"
+    proc = run_train(tmp_path / "fork", f"pruning={target}", *METHOD_OPTIONS[target], f"resume={dense}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fork, scratch = tmp_path / "fork", method_run(target)
+    ours, theirs = (json.loads((d / "metrics.json").read_text()) for d in (fork, scratch))
     assert ours["plan"] == theirs["plan"] and ours["val_loss"] == theirs["val_loss"]
-    assert torch.equal(_log_alpha(tmp_path / "fork/checkpoints/last.ckpt"),
-                       _log_alpha(tmp_path / "scratch/checkpoints/last.ckpt"))
+    assert torch.equal(_log_alpha(fork / "checkpoints/last.ckpt"), _log_alpha(scratch / "checkpoints/last.ckpt"))
 
 
 def test_atomic_write_never_leaves_half_a_file(tmp_path, monkeypatch):
