@@ -9,8 +9,8 @@ since 2026-12-06; ``$GATEDPRUNE_CACHE`` fresh for the pair) or read from the rec
 (``fit=table``). ``--protocol`` picks which default: ``first_layers``, today's
 (``pruning=first_layers``, 300 gated steps), ``first_layers_late``, the one of 2026-12-06 (its layers settled at gated
 step 100, no widths held), or ``preset``, the one before both (``pruning=speed``, 100 gated steps).
-Its json records the fit (base, costs per structure, largest error over its probes, each probe's timings) and the
-plan, or the line a run refused with; ``table`` compares each pair. A run already in ``--results`` is skipped.
+Its json records the fit (base, costs per structure, largest error over its probes, each probe's timings), the
+plan and what the export scores before any recovery, or the line a run refused with; ``table`` compares each pair. A run already in ``--results`` is skipped.
 
     .venv/bin/python benchmarks/plan_repro.py run --runs RUNS/repro       # busy then quiet, for each fit
     .venv/bin/python benchmarks/plan_repro.py table                       # docs/benchmarks/plan_repro/README.md
@@ -97,6 +97,11 @@ def machine_cache(fit: str, load: str, runs: Path, protocol: str) -> Path:
     return path
 
 
+def bleu_of(metrics: dict) -> dict[str, float]:
+    """What the plan scores as exported, before any recovery: validation and test BLEU of a run's ``metrics.json``."""
+    return {"validation": metrics["bleu"], "test": metrics["test"]["pruned"]["bleu"]}
+
+
 def run_one(fit: str, load: str, runs: Path, results: Path, protocol: str = "first_layers") -> dict:
     name = name_of(protocol, fit, load)
     command = [recovery._python(), str(ROOT / "train.py"), *args(fit, load, runs, protocol)]
@@ -128,6 +133,7 @@ def run_one(fit: str, load: str, runs: Path, results: Path, protocol: str = "fir
     record = {**said, "costs": {k: costs.get(k) for k in ("source", "fit_error", "base", "coefficients", "path")},
               "probes": [{k: p.get(k) for k in ("probe", "seconds", "timings", "predicted")} for p in probes],
               "plan": plan_of(report), "kept": metrics["kept"], "predicted": report["predicted"],
+              "bleu": bleu_of(metrics),
               "budget": metrics.get("budget"),  # the expected cost at the end and the export's
               "trajectory": trajectory(run),
               "wall_s": round(time.time() - start, 1), "machine": machine()}
@@ -150,7 +156,7 @@ def table(results: Path) -> str:
                 if r is None:
                     continue
                 if "refused" in r:
-                    rows.append([protocol, fit, r["load"], *["-"] * 8, f"refused: {r['refused']}"])
+                    rows.append([protocol, fit, r["load"], *["-"] * 9, f"refused: {r['refused']}"])
                     continue
                 c = r["costs"]
                 rows.append([protocol, fit, r["load"], c["source"],
@@ -159,10 +165,11 @@ def table(results: Path) -> str:
                              coefficient(c, "encoder_layer", 1000), coefficient(c, "decoder_ffn", 1e6),
                              f"{r['predicted']['latency']:.3f}",
                              f"{r['kept'].get('encoder_layer', 'all')} + {r['kept']['decoder_layer']}",
+                             f"{r['bleu']['validation']:.2f}" if "bleu" in r else "-",  # recorded since 2026-12-07
                              plan_difference(pair[0]["plan"], pair[1]["plan"]) if complete else "-"])
     return markdown_table(["protocol", "fit", "load", "fit from", "fit error", "base ms", "decoder layer ms",
                            "encoder layer ms",
-                           "decoder FFN unit us", "export latency kept", "layers enc + dec",
+                           "decoder FFN unit us", "export latency kept", "layers enc + dec", "validation BLEU as exported",
                            "structures the two plans differ in"], rows)
 
 

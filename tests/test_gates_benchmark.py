@@ -3,6 +3,7 @@ own files and the export's independent count of what it kept."""
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 
@@ -148,7 +149,7 @@ def test_the_plan_pairs_run_today_s_default_and_record_a_refusal_as_a_result(tmp
     assert record["refused"] == refusal
     assert json.loads((tmp_path / "results" / "first_layers_widths_measured_busy.json").read_text()) == record
     rows = [line for line in bench.table(tmp_path / "results").splitlines() if line.startswith("| first_layers")]
-    assert rows == [f"| first_layers | measured | busy | - | - | - | - | - | - | - | - | refused: {refusal} |"]
+    assert rows == [f"| first_layers | measured | busy | - | - | - | - | - | - | - | - | - | refused: {refusal} |"]
 
     def crashed(command, log, env):  # a traceback, no one-line refusal: raised, nothing recorded to be skipped later
         log.write_text("Traceback (most recent call last):\nRuntimeError: boom\n")
@@ -158,6 +159,41 @@ def test_the_plan_pairs_run_today_s_default_and_record_a_refusal_as_a_result(tmp
     with pytest.raises(subprocess.CalledProcessError):
         bench.run_one("table", "busy", tmp_path, tmp_path / "results", "first_layers")
     assert not (tmp_path / "results" / "first_layers_widths_table_busy.json").exists()
+
+
+def test_a_plan_pair_run_records_its_fit_its_plan_and_what_the_export_scores_before_recovery(tmp_path, monkeypatch):
+    """A finished run's record: the fit the run names (its file's probes), the export's plan structure by structure,
+    and the export's validation and test BLEU from the run's metrics.json, before any recovery."""
+    bench = load_benchmark("plan_repro")
+    fit = {"source": "measured", "fit_error": 0.05, "base": 0.1, "coefficients": {"decoder_layer": 0.004}}
+    report = {"plan": {"encoder": {"enc.0": [1, 3]}}, "plan_units": {"decoder_ffn": {"dec.0": [0, 2, 5]}},
+              "plan_layers": {"decoder": [0, 1]}, "predicted": {"latency": 0.67}}
+    metrics = {"kept": {"encoder": 2, "decoder_ffn": 3, "decoder_layer": 2}, "bleu": 13.99, "budget": None,
+               "test": {"pruned": {"bleu": 15.05}, "dense": {"bleu": 23.81}}}
+
+    def finished(command, log, env):  # what train.py leaves in the run directory
+        run = tmp_path / "first_layers_widths_measured_busy"
+        (run / "pruned").mkdir(parents=True)
+        (run / "csv").mkdir()
+        fitted = run / "checkpoints" / "latency.json"
+        fitted.parent.mkdir()
+        fitted.write_text(json.dumps({"probes": [{"probe": "dense", "seconds": 0.2, "timings": [0.2], "predicted": 0.2,
+                                                  "structures": {}}]}))
+        (run / "metrics.json").write_text(json.dumps({**metrics, "costs": {**fit, "path": str(fitted)}}))
+        (run / "pruned" / "export_report.json").write_text(json.dumps(report))
+        (run / "csv" / "metrics.csv").write_text("step,train/expected_latency,train/target_latency,train/lambda1\n"
+                                                 "9,0.7,0.68,0.1\n")
+        log.write_text("done\n")
+
+    monkeypatch.setattr(bench.recovery, "_run", finished)
+    record = bench.run_one("measured", "busy", tmp_path, tmp_path / "results", "first_layers")
+    assert record["bleu"] == {"validation": 13.99, "test": 15.05}
+    assert record["plan"] == {"heads enc.0": [1, 3], "units dec.0": [0, 2, 5], "layers decoder": [0, 1]}
+    assert record["probes"] == [{"probe": "dense", "seconds": 0.2, "timings": [0.2], "predicted": 0.2}]
+    assert record["trajectory"] == [{"step": 9, "target": 0.68, "expected": 0.7, "lambda1": 0.1}]
+    assert json.loads((tmp_path / "results" / "first_layers_widths_measured_busy.json").read_text()) == record
+    row = next(line for line in bench.table(tmp_path / "results").splitlines() if line.startswith("| first_layers"))
+    assert row == "| first_layers | measured | busy | measured | 5.0% | 100.0 | 4.00 | - | - | 0.670 | all + 2 | 13.99 | - |"
 
 
 def test_today_s_default_ships_one_plan_busy_and_quiet_the_plan_make_train_shipped(tmp_path):
@@ -185,6 +221,68 @@ def test_today_s_default_ships_one_plan_busy_and_quiet_the_plan_make_train_shipp
     bleu, fair = m["test"]["pruned"]["bleu"], m["reference"]["test_bleu"]
     assert (f"`make train` shipped {bleu:.2f} test BLEU after {m['steps']} gated and {m['finetune']['steps']} "
             f"fine-tuning steps, {fair - bleu:.2f} below the teacher trained on as long (README)") in page
+
+
+def test_today_s_default_with_a_measured_fit_is_as_the_page_says():
+    """docs/gates.md 0c (2026-12-07): today's default with no table ships one plan when the second run reuses the
+    first's fit from the machine cache, two that each time their own differ; every run ends at the target and ships
+    its mask; the page's rows, counts and scores before recovery are the records'."""
+    bench = load_benchmark("plan_repro")
+    root = bench.ROOT
+    r = {f"{fit}_{load}": json.loads((bench.RESULTS / f"{bench.name_of('first_layers', fit, load)}.json").read_text())
+         for fit in ("table", "measured_once", "measured") for load in bench.LOADS}
+    page = " ".join((root / "docs" / "gates.md").read_text().split())
+    guide = " ".join((root / "docs" / "guide" / "speed_targets.md").read_text().split())
+    for record in r.values():  # every run at the target, its mask shipped (not the fill)
+        assert abs(record["budget"]["latency"]["expected_kept"] - 0.67) < 5e-4
+        assert record["budget"]["latency"]["plan_rule"] == "expected_size"
+        assert record["kept"]["decoder_layer"] == 2 and "settle" not in record["command"]
+    once = [r["measured_once_busy"], r["measured_once_quiet"]]
+    assert [x["costs"]["source"] for x in once] == ["measured", "cache"]
+    assert once[0]["costs"]["coefficients"] == once[1]["costs"]["coefficients"]
+    assert "/caches/first_layers_widths_measured_once/latency/" in once[1]["costs"]["path"]
+    assert all("pruning.workload.table=null" in x["command"] for x in once + [r["measured_busy"], r["measured_quiet"]])
+    assert bench.plan_difference(once[0]["plan"], once[1]["plan"]) == 0
+    apart = bench.plan_difference(r["measured_busy"]["plan"], r["measured_quiet"]["plan"])
+    late = [json.loads((bench.RESULTS / f"{bench.name_of('first_layers_late', 'measured', load)}.json").read_text())
+            for load in bench.LOADS]
+    assert f"{apart:,} structures apart, about half the {bench.plan_difference(*(x['plan'] for x in late)):,} of" in page
+    labels = {"table": "table (the default)", "measured_once": "measured, kept in the machine's cache",
+              "measured": "measured, each run its own"}
+    loads = {("measured_once", "busy"): "busy: timed it", ("measured_once", "quiet"): "quiet: reused it"}
+    for name, record in r.items():
+        fit, load = name.rsplit("_", 1)
+        c = record["costs"]
+        row = (f"| {labels[fit]} | {loads.get((fit, load), load)} | {c['fit_error']:.1%} | {1e3 * c['base']:.1f} | "
+               f"{1e3 * c['coefficients']['decoder_layer']:.2f} | {1e3 * c['coefficients']['encoder']:.2f} | "
+               f"{1e6 * c['coefficients']['encoder_ffn']:.2f} | {record['budget']['latency']['expected_kept']:.3f} | "
+               f"the gated mask | {record['bleu']['validation']:.2f} | "
+               f"{bench.plan_difference(r[fit + '_busy']['plan'], r[fit + '_quiet']['plan']):,} |")
+        assert row in page, row
+    k = once[0]["kept"]
+    assert (f"The plan keeps {k['encoder'] + k['decoder'] + k['cross']} heads (no encoder head, {k['decoder']} decoder, "
+            f"{k['cross']} cross), all 3,072 encoder FFN units and {k['decoder_ffn']:,} decoder ones") in page
+    from gatedprune.teacher import TEACHER_DIR
+
+    config = json.loads((Path(TEACHER_DIR) / "config.json").read_text())
+    assert k["encoder"] == 0 and k["encoder_ffn"] == config["encoder_ffn_dim"] * config["encoder_layers"] == 3072
+    # the encoder's kinds traded by the two fits: the busy fit prices its heads and closes them, the quiet one does not
+    busy, quiet = r["measured_busy"], r["measured_quiet"]
+    assert busy["kept"]["encoder"] == 0 < busy["costs"]["coefficients"]["encoder"]
+    assert quiet["kept"]["encoder"] == 24 and quiet["costs"]["coefficients"]["encoder"] == 0
+    assert f"prices an encoder head at {1e3 * busy['costs']['coefficients']['encoder']:.2f} ms and closes all 24" in page
+    # the scores before recovery: the measured fits' plans below the kept table's
+    measured = sorted(x["bleu"]["validation"] for x in (once[0], busy, quiet))
+    table = r["table_busy"]["bleu"]["validation"]
+    assert r["table_quiet"]["bleu"] == r["table_busy"]["bleu"] and measured[-1] < table
+    scores = f"{measured[0]:.2f}-{measured[-1]:.2f} validation BLEU before recovery"
+    assert f"the measured fits' plans scored {scores}, against {table:.2f} for the kept table's" in page
+    assert f"scored {scores}, the kept table's {table:.2f}, from the same seed" in guide
+    assert f"two of today's default, each with the run's own fit (20%), {apart:,} apart" in guide
+    assert f"and two of today's default {apart:,} apart (at 20%)" in page
+    readme = " ".join((root / "README.md").read_text().split())
+    assert f"two that each timed their own fit did not, {apart:,} structures apart, so a fit timed once" in readme
+    assert all(len(p["timings"]) == 1 for x in (once[0], busy, quiet) for p in x["probes"])
 
 
 def test_the_plan_pairs_of_the_default_of_2026_12_06_are_the_committed_records(tmp_path):
