@@ -13,6 +13,8 @@ Its json records the fit (base, costs per structure, largest error over its prob
 plan and what the export scores before any recovery, or the line a run refused with; ``table`` compares each pair. A run already in ``--results`` is skipped.
 
     .venv/bin/python benchmarks/plan_repro.py run --runs RUNS/repro       # busy then quiet, for each fit
+    .venv/bin/python benchmarks/plan_repro.py recover --runs RUNS/repro --fit measured --load busy
+                                          # that run's export, recovered as the grid's cell of the default's protocol
     .venv/bin/python benchmarks/plan_repro.py table                       # docs/benchmarks/plan_repro/README.md
 """
 
@@ -51,6 +53,11 @@ LOADS = ("busy", "quiet")  # in this order: the busy run first, as the issue ask
 PROTOCOLS = {"first_layers": ("first_layers_widths_", ["model=teacher", "gated_steps=300"]),
              "first_layers_late": ("first_layers_", ["model=teacher", "gated_steps=300", *recovery.FIRST_LAYERS_LATE]),
              "preset": ("", ["pruning=speed", "model=teacher", "gated_steps=100"])}
+
+
+# the recovery the grid gave today's default's protocol at this seed (docs/gates.md 0n), given to a pair's export by
+# ``recover``: does a plan that a measured fit priced recover as far as the kept table's did?
+RECOVERED_AS = "choose_gates_bottom2_widths_0.67_s1234_1000_lr0.002"
 
 
 def name_of(protocol: str, fit: str, load: str) -> str:
@@ -141,6 +148,33 @@ def run_one(fit: str, load: str, runs: Path, results: Path, protocol: str = "fir
     return record
 
 
+def recovery_args(name: str, runs: Path) -> list[str]:
+    """``gatedprune-finetune``'s arguments for the export of run ``name``: the grid cell ``RECOVERED_AS``'s, its model
+    and output folder replaced."""
+    cell = next(c for c in recovery._grid() if c.name == RECOVERED_AS)
+    args = cell.args(runs)
+    out = args.index("--out")
+    return [str(runs / name / "pruned"), *args[1:out + 1], str(runs / f"{name}_recovered"), *args[out + 2:]]
+
+
+def recover_one(name: str, runs: Path, results: Path) -> dict:
+    """Recover the export of the run recorded as ``name`` as the grid recovered ``RECOVERED_AS``; its record gains
+    ``recovered`` (the command, the step shipped and its test BLEU)."""
+    path = results / f"{name}.json"
+    record = json.loads(path.read_text())
+    args = recovery_args(name, runs)
+    run = runs / f"{name}_recovered"
+    if not (run / "metrics.json").is_file():
+        recovery._run([recovery._python(), "-m", "gatedprune", "finetune", *args], runs / f"{name}_recovered.log")
+    metrics = json.loads((run / "metrics.json").read_text())
+    tuned = metrics["finetune"]
+    record["recovered"] = {"as": RECOVERED_AS, "command": recovery._shown(["gatedprune-finetune", *args], runs),
+                           "shipped_step": tuned["shipped_step"], "test_bleu": metrics["test"]["pruned"]["bleu"],
+                           "wall_s": tuned["wall_s"]}
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
 def table(results: Path) -> str:
     found = {p.stem: json.loads(p.read_text()) for p in sorted(results.glob("*.json"))}
     rows = []
@@ -156,7 +190,7 @@ def table(results: Path) -> str:
                 if r is None:
                     continue
                 if "refused" in r:
-                    rows.append([protocol, fit, r["load"], *["-"] * 9, f"refused: {r['refused']}"])
+                    rows.append([protocol, fit, r["load"], *["-"] * 10, f"refused: {r['refused']}"])
                     continue
                 c = r["costs"]
                 rows.append([protocol, fit, r["load"], c["source"],
@@ -166,23 +200,38 @@ def table(results: Path) -> str:
                              f"{r['predicted']['latency']:.3f}",
                              f"{r['kept'].get('encoder_layer', 'all')} + {r['kept']['decoder_layer']}",
                              f"{r['bleu']['validation']:.2f}" if "bleu" in r else "-",  # recorded since 2026-12-07
+                             f"{r['recovered']['test_bleu']:.2f}" if "recovered" in r else "-",
                              plan_difference(pair[0]["plan"], pair[1]["plan"]) if complete else "-"])
     return markdown_table(["protocol", "fit", "load", "fit from", "fit error", "base ms", "decoder layer ms",
                            "encoder layer ms",
                            "decoder FFN unit us", "export latency kept", "layers enc + dec", "validation BLEU as exported",
+                           f"test BLEU recovered as {RECOVERED_AS}",
                            "structures the two plans differ in"], rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("stage", choices=["run", "table"])
+    parser.add_argument("stage", choices=["run", "recover", "table"],
+                        help="recover: one recorded run's export (--fit, --load) recovered as the grid's cell "
+                             f"{RECOVERED_AS}")
     parser.add_argument("--runs", type=Path, default=Path("runs/repro"))
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--fit", choices=list(FITS), default=None, help="one pair (default: each)")
+    parser.add_argument("--load", choices=list(LOADS), default=None, help="recover: which run of the pair")
     parser.add_argument("--protocol", choices=list(PROTOCOLS), default="first_layers",
                         help="today's default run's (first_layers), the one of 2026-12-06 (first_layers_late) or the one "
                              "before both (preset)")
     args_ = parser.parse_args(argv)
+    if args_.stage == "recover":
+        if not (args_.fit and args_.load):
+            parser.error("recover takes one run: --fit and --load")
+        name = name_of(args_.protocol, args_.fit, args_.load)
+        if not (args_.results / f"{name}.json").is_file():
+            parser.error(f"recover: no record {args_.results / (name + '.json')}; allowed: a run of the run stage")
+        if "recovered" in json.loads((args_.results / f"{name}.json").read_text()):
+            print(f"{name}: recovered (in {args_.results})")
+        else:
+            recover_one(name, args_.runs.resolve(), args_.results)
     if args_.stage == "run":
         for fit in [args_.fit] if args_.fit else FITS:
             for load in LOADS:

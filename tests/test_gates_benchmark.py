@@ -149,7 +149,7 @@ def test_the_plan_pairs_run_today_s_default_and_record_a_refusal_as_a_result(tmp
     assert record["refused"] == refusal
     assert json.loads((tmp_path / "results" / "first_layers_widths_measured_busy.json").read_text()) == record
     rows = [line for line in bench.table(tmp_path / "results").splitlines() if line.startswith("| first_layers")]
-    assert rows == [f"| first_layers | measured | busy | - | - | - | - | - | - | - | - | - | refused: {refusal} |"]
+    assert rows == [f"| first_layers | measured | busy | - | - | - | - | - | - | - | - | - | - | refused: {refusal} |"]
 
     def crashed(command, log, env):  # a traceback, no one-line refusal: raised, nothing recorded to be skipped later
         log.write_text("Traceback (most recent call last):\nRuntimeError: boom\n")
@@ -193,7 +193,34 @@ def test_a_plan_pair_run_records_its_fit_its_plan_and_what_the_export_scores_bef
     assert record["trajectory"] == [{"step": 9, "target": 0.68, "expected": 0.7, "lambda1": 0.1}]
     assert json.loads((tmp_path / "results" / "first_layers_widths_measured_busy.json").read_text()) == record
     row = next(line for line in bench.table(tmp_path / "results").splitlines() if line.startswith("| first_layers"))
-    assert row == "| first_layers | measured | busy | measured | 5.0% | 100.0 | 4.00 | - | - | 0.670 | all + 2 | 13.99 | - |"
+    assert row == ("| first_layers | measured | busy | measured | 5.0% | 100.0 | 4.00 | - | - | 0.670 | all + 2 | 13.99 "
+                   "| - | - |")
+
+    # recovered as the grid's cell of today's default at this seed: its command with this export and folder
+    cell = json.loads((bench.recovery.RESULTS / f"{bench.RECOVERED_AS}.json").read_text())
+    ran = []
+
+    def finetuned(command, log):
+        ran.append(command)
+        out = tmp_path / "first_layers_widths_measured_busy_recovered"
+        out.mkdir()
+        (out / "metrics.json").write_text(json.dumps({"finetune": {"shipped_step": 750, "wall_s": 9.0},
+                                                      "test": {"pruned": {"bleu": 24.5}}}))
+
+    monkeypatch.setattr(bench.recovery, "_run", finetuned)
+    recovered = bench.recover_one("first_layers_widths_measured_busy", tmp_path, tmp_path / "results")
+    assert ran[0][1:4] == ["-m", "gatedprune", "finetune"]
+    theirs, ours = cell["command"].split(), recovered["recovered"]["command"].split()
+    assert ours[1:] == ["RUNS/first_layers_widths_measured_busy/pruned", *theirs[2:5],
+                        "RUNS/first_layers_widths_measured_busy_recovered", *theirs[6:]]
+    assert theirs[2:5] == ["--teacher", "kept", "--out"] and theirs[6:] == ["finetune.steps=1000", "finetune.lr=0.002", "finetune.warmup_steps=100",
+                          "finetune.decay=inverse_sqrt", "finetune.val_check_interval=250",
+                          "finetune.save_at=[250,500,1000]", "finetune.init=export", "report.speed=false", "seed=1234"]
+    assert recovered["recovered"] == {"as": bench.RECOVERED_AS, "command": recovered["recovered"]["command"],
+                                      "shipped_step": 750, "test_bleu": 24.5, "wall_s": 9.0}
+    assert json.loads((tmp_path / "results" / "first_layers_widths_measured_busy.json").read_text()) == recovered
+    row = next(line for line in bench.table(tmp_path / "results").splitlines() if line.startswith("| first_layers"))
+    assert row.endswith("| 13.99 | 24.50 | - |")
 
 
 def test_today_s_default_ships_one_plan_busy_and_quiet_the_plan_make_train_shipped(tmp_path):
