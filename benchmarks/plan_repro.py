@@ -10,7 +10,8 @@ since 2026-12-06; ``$GATEDPRUNE_CACHE`` fresh for the pair) or read from the rec
 (``pruning=first_layers``, 300 gated steps), ``first_layers_late``, the one of 2026-12-06 (its layers settled at gated
 step 100, no widths held), or ``preset``, the one before both (``pruning=speed``, 100 gated steps).
 Its json records the fit (base, costs per structure, largest error over its probes, each probe's timings), the
-plan and what the export scores before any recovery, or the line a run refused with; ``table`` compares each pair. A run already in ``--results`` is skipped.
+plan and what the export scores before any recovery, or the line a run refused with; ``table`` compares each pair.
+A run already in ``--results`` is skipped.
 
     .venv/bin/python benchmarks/plan_repro.py run --runs RUNS/repro       # busy then quiet, for each fit
     .venv/bin/python benchmarks/plan_repro.py recover --runs RUNS/repro --fit measured --load busy
@@ -204,7 +205,8 @@ def table(results: Path) -> str:
                              plan_difference(pair[0]["plan"], pair[1]["plan"]) if complete else "-"])
     return markdown_table(["protocol", "fit", "load", "fit from", "fit error", "base ms", "decoder layer ms",
                            "encoder layer ms",
-                           "decoder FFN unit us", "export latency kept", "layers enc + dec", "validation BLEU as exported",
+                           "decoder FFN unit us", "export latency kept", "layers enc + dec",
+                           "validation BLEU as exported",
                            f"test BLEU recovered as {RECOVERED_AS}",
                            "structures the two plans differ in"], rows)
 

@@ -193,8 +193,8 @@ def test_a_plan_pair_run_records_its_fit_its_plan_and_what_the_export_scores_bef
     assert record["trajectory"] == [{"step": 9, "target": 0.68, "expected": 0.7, "lambda1": 0.1}]
     assert json.loads((tmp_path / "results" / "first_layers_widths_measured_busy.json").read_text()) == record
     row = next(line for line in bench.table(tmp_path / "results").splitlines() if line.startswith("| first_layers"))
-    assert row == ("| first_layers | measured | busy | measured | 5.0% | 100.0 | 4.00 | - | - | 0.670 | all + 2 | 13.99 "
-                   "| - | - |")
+    assert row == ("| first_layers | measured | busy | measured | 5.0% | 100.0 | 4.00 | - | - | 0.670 | all + 2 "
+                   "| 13.99 | - | - |")
 
     # recovered as the grid's cell of today's default at this seed: its command with this export and folder
     cell = json.loads((bench.recovery.RESULTS / f"{bench.RECOVERED_AS}.json").read_text())
@@ -213,7 +213,8 @@ def test_a_plan_pair_run_records_its_fit_its_plan_and_what_the_export_scores_bef
     theirs, ours = cell["command"].split(), recovered["recovered"]["command"].split()
     assert ours[1:] == ["RUNS/first_layers_widths_measured_busy/pruned", *theirs[2:5],
                         "RUNS/first_layers_widths_measured_busy_recovered", *theirs[6:]]
-    assert theirs[2:5] == ["--teacher", "kept", "--out"] and theirs[6:] == ["finetune.steps=1000", "finetune.lr=0.002", "finetune.warmup_steps=100",
+    assert theirs[2:5] == ["--teacher", "kept", "--out"]
+    assert theirs[6:] == ["finetune.steps=1000", "finetune.lr=0.002", "finetune.warmup_steps=100",
                           "finetune.decay=inverse_sqrt", "finetune.val_check_interval=250",
                           "finetune.save_at=[250,500,1000]", "finetune.init=export", "report.speed=false", "seed=1234"]
     assert recovered["recovered"] == {"as": bench.RECOVERED_AS, "command": recovered["recovered"]["command"],
@@ -273,7 +274,8 @@ def test_today_s_default_with_a_measured_fit_is_as_the_page_says():
     apart = bench.plan_difference(r["measured_busy"]["plan"], r["measured_quiet"]["plan"])
     late = [json.loads((bench.RESULTS / f"{bench.name_of('first_layers_late', 'measured', load)}.json").read_text())
             for load in bench.LOADS]
-    assert f"{apart:,} structures apart, about half the {bench.plan_difference(*(x['plan'] for x in late)):,} of" in page
+    before = bench.plan_difference(*(x["plan"] for x in late))
+    assert f"{apart:,} structures apart, about half the {before:,} of" in page
     labels = {"table": "table (the default)", "measured_once": "measured, kept in the machine's cache",
               "measured": "measured, each run its own"}
     loads = {("measured_once", "busy"): "busy: timed it", ("measured_once", "quiet"): "quiet: reused it"}
@@ -287,8 +289,9 @@ def test_today_s_default_with_a_measured_fit_is_as_the_page_says():
                f"{bench.plan_difference(r[fit + '_busy']['plan'], r[fit + '_quiet']['plan']):,} |")
         assert row in page, row
     k = once[0]["kept"]
-    assert (f"The plan keeps {k['encoder'] + k['decoder'] + k['cross']} heads (no encoder head, {k['decoder']} decoder, "
-            f"{k['cross']} cross), all 3,072 encoder FFN units and {k['decoder_ffn']:,} decoder ones") in page
+    heads = k["encoder"] + k["decoder"] + k["cross"]
+    assert (f"The plan keeps {heads} heads (no encoder head, {k['decoder']} decoder, {k['cross']} cross), all 3,072 "
+            f"encoder FFN units and {k['decoder_ffn']:,} decoder ones") in page
     from gatedprune.teacher import TEACHER_DIR
 
     config = json.loads((Path(TEACHER_DIR) / "config.json").read_text())
@@ -297,7 +300,8 @@ def test_today_s_default_with_a_measured_fit_is_as_the_page_says():
     busy, quiet = r["measured_busy"], r["measured_quiet"]
     assert busy["kept"]["encoder"] == 0 < busy["costs"]["coefficients"]["encoder"]
     assert quiet["kept"]["encoder"] == 24 and quiet["costs"]["coefficients"]["encoder"] == 0
-    assert f"prices an encoder head at {1e3 * busy['costs']['coefficients']['encoder']:.2f} ms and closes all 24" in page
+    price = 1e3 * busy["costs"]["coefficients"]["encoder"]
+    assert f"prices an encoder head at {price:.2f} ms and closes all 24" in page
     # the scores before recovery: the measured fits' plans below the kept table's
     measured = sorted(x["bleu"]["validation"] for x in (once[0], busy, quiet))
     table = r["table_busy"]["bleu"]["validation"]
