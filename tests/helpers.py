@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,14 +29,60 @@ def run_train(run_dir: Path, *overrides: str, flags=(), cwd: Path | None = None,
     ``env``: variables set for it besides the offline ones.
     """
     args = [*flags, "experiment=smoke", f"hydra.run.dir={run_dir}", *overrides]
+    env, cwd = offline_env(**(env or {})), cwd or run_dir.parent
+    if _SERVER.takes(env):  # the same run, forked from a process that has imported the package already
+        return _SERVER.run([str(ROOT / "train.py"), *args], cwd, env, prefix, timeout)
     if prefix:
         script = "; ".join([*prefix, "import runpy, sys", f"sys.argv = {[str(ROOT / 'train.py'), *args]!r}",
                             f"runpy.run_path({str(ROOT / 'train.py')!r}, run_name='__main__')"])
         command = [sys.executable, "-c", script]
     else:
         command = [sys.executable, str(ROOT / "train.py"), *args]
-    return subprocess.run(command, capture_output=True, text=True, env=offline_env(**(env or {})),
-                          cwd=cwd or run_dir.parent, timeout=timeout)
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+
+
+# environment variables a library may read once, when imported (hub and cache paths, offline switches, threads): a
+# run whose environment differs from the train server's in one of these starts a process of its own
+READ_AT_IMPORT = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "OMP_", "MKL_", "KMP_", "TORCH", "PYTORCH",
+                  "CUDA", "PYTHON", "LD_", "XDG_", "HOME", "WANDB", "LIGHTNING", "PL_", "HYDRA", "GATEDPRUNE_DEBUG")
+
+
+class _TrainServer:
+    """This worker's ``tests/train_server.py``, started at its first run: ``train.py`` runs forked from a process that
+    has imported the package once, instead of each importing it anew (seconds each; see that file)."""
+
+    def __init__(self):
+        self.process, self.env = None, None
+
+    def takes(self, env: dict[str, str]) -> bool:
+        if os.environ.get("GATEDPRUNE_TEST_SERVER", "1") == "0":  # every run a process of its own
+            return False
+        if self.process is None or self.process.poll() is not None:
+            self.env = offline_env()
+            self.process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "train_server.py")],
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=self.env,
+                                            cwd=ROOT)
+        changed = {k for k in set(env) | set(self.env) if env.get(k) != self.env.get(k)}
+        return not any(k.startswith(READ_AT_IMPORT) for k in changed)
+
+    def run(self, argv: list[str], cwd: Path, env: dict[str, str], prefix, timeout: int):
+        with tempfile.TemporaryDirectory() as tmp:
+            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            request = {"argv": argv, "cwd": str(cwd), "env": env, "prefix": list(prefix), "stdout": str(out),
+                       "stderr": str(err), "timeout": timeout}
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+            answer = self.process.stdout.readline()
+            if not answer:
+                raise RuntimeError(f"the train server ended (exit {self.process.wait()}) during {argv}")
+            answer = json.loads(answer)
+            stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
+        if answer.get("timeout"):
+            raise subprocess.TimeoutExpired(argv, timeout, stdout, stderr)
+        return subprocess.CompletedProcess(argv, answer["returncode"], stdout, stderr)
+
+
+_SERVER = _TrainServer()
 
 
 # seconds per structure of each kind, and per generate() call, that the fake latency timer charges: a test never

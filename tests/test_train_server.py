@@ -1,0 +1,64 @@
+"""The tests' train server (tests/train_server.py) answers as ``python train.py`` run afresh does: the same exit status,
+stdout and stderr for a refusal (train.py reading the overrides), an uncaught error, an exit with a message or a
+status, and output on both streams."""
+
+import subprocess
+
+import pytest
+
+import helpers
+from helpers import run_train
+
+# statements run before train.py (run_train's prefix), each ending the run its own way
+ENDINGS = {
+    "refused": ((), ("pruning.l0_lambda=-0.1",)),
+    "uncaught": (("raise RuntimeError('boom from the prefix')",), ()),
+    "ctrl-c": (("raise KeyboardInterrupt",), ()),
+    "exit message": (("import sys", "sys.exit('stopped: a message')"), ()),
+    "exit 3": (("import sys", "print('before', flush=True)", "sys.exit(3)"), ()),
+    "printed": (("print('to stdout'); import sys; print('to stderr', file=sys.stderr)", "raise SystemExit(0)"), ()),
+}
+
+
+def _both(tmp_path, monkeypatch, prefix, overrides):
+    served = run_train(tmp_path / "served" / "run", *overrides, prefix=prefix, cwd=tmp_path)
+    monkeypatch.setenv("GATEDPRUNE_TEST_SERVER", "0")
+    fresh = run_train(tmp_path / "fresh" / "run", *overrides, prefix=prefix, cwd=tmp_path)
+    monkeypatch.delenv("GATEDPRUNE_TEST_SERVER")
+    return served, fresh
+
+
+@pytest.mark.parametrize("ending", list(ENDINGS))
+def test_a_served_run_ends_as_a_fresh_process_does(tmp_path, monkeypatch, ending):
+    prefix, overrides = ENDINGS[ending]
+    served, fresh = _both(tmp_path, monkeypatch, prefix, overrides)
+    status = {"refused": 2, "exit 3": 3, "printed": 0, "ctrl-c": -2}.get(ending, 1)  # -2: ended by SIGINT
+    assert served.returncode == fresh.returncode == status
+    assert served.stdout == fresh.stdout
+    if ending in ("uncaught", "ctrl-c"):  # the same traceback but for the file names of the two ways in
+        last = {"uncaught": "RuntimeError: boom from the prefix", "ctrl-c": "KeyboardInterrupt"}[ending]
+        assert served.stderr.splitlines()[-1] == fresh.stderr.splitlines()[-1] == last
+        assert "Traceback" in served.stderr
+    else:
+        assert served.stderr == fresh.stderr
+    assert not (tmp_path / "served" / "run").exists() and not (tmp_path / "fresh" / "run").exists()
+
+
+def test_a_served_run_sees_its_own_directory_and_environment(tmp_path, monkeypatch):
+    (tmp_path / "here").mkdir()
+    monkeypatch.setenv("GATEDPRUNE_CACHE", str(tmp_path / "cache"))
+    prefix = ("import os, sys", "print(os.getcwd(), os.environ['GATEDPRUNE_CACHE'])", "sys.exit(0)")
+    proc = run_train(tmp_path / "run", prefix=prefix, cwd=tmp_path / "here")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"{tmp_path / 'here'} {tmp_path / 'cache'}"
+
+
+def test_an_environment_read_at_import_starts_a_process_of_its_own(tmp_path):
+    server = helpers._SERVER
+    assert server.takes(helpers.offline_env(GATEDPRUNE_CACHE=str(tmp_path)))
+    assert not server.takes(helpers.offline_env(HF_MODULES_CACHE=str(tmp_path)))
+    assert not server.takes(helpers.offline_env(OMP_NUM_THREADS="2"))
+    prefix = ("import os, sys", "print(os.environ['HF_HOME'])", "sys.exit(0)")
+    proc = run_train(tmp_path / "run", prefix=prefix, env={"HF_HOME": str(tmp_path / "hf")})
+    assert proc.returncode == 0 and proc.stdout.strip() == str(tmp_path / "hf")
+    assert isinstance(proc, subprocess.CompletedProcess) and proc.args[0] != str(helpers.ROOT / "train.py")

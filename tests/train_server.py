@@ -1,0 +1,111 @@
+"""A warm start for the tests' ``train.py`` runs: this process imports the package once, then forks one child per
+request, and each child runs ``train.py`` as ``python train.py ARGS`` would (``helpers.run_train``).
+
+Importing torch, Lightning, transformers and the package takes 3-7 s on the CI machine, about as long as a smoke
+run itself, and the suite starts some 150 such runs. A forked child starts from the imported modules with nothing
+run yet, so what a run does is what a fresh process does: its own working directory, environment, stdout and
+stderr (files, at the descriptor level, so nothing printed is lost), exit status (``SystemExit``'s code, or the
+excepthook's report and 1, or SIGINT after an uncaught ``KeyboardInterrupt``), and exit handlers.
+
+Protocol, one JSON object per line: a request ``{"argv", "cwd", "env", "prefix", "stdout", "stderr", "timeout"}`` on
+stdin, the answer ``{"returncode"}`` (or ``{"timeout": true}``, the child killed) on stdout. The server ends at the
+end of its stdin. Variables that the libraries may read when imported (``helpers.READ_AT_IMPORT``) are fixed at the
+server's start, so a run whose environment differs in one is started as a process of its own instead.
+"""
+
+import atexit
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import gatedprune.cli  # noqa: E402,F401  (what train.py imports, loaded once)
+import gatedprune.train  # noqa: E402,F401
+
+
+def _child(request: dict) -> int:
+    """Run the request in this (forked) process; its exit status."""
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    devnull = os.open(os.devnull, os.O_RDONLY)  # the requests stay the server's
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    sys.stdin = open(os.devnull)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    code = 0
+    try:
+        script = "; ".join(request["prefix"]) or "pass"
+        exec(compile(script, "<prefix>", "exec"), {"__name__": "__prefix__"})
+        sys.argv = list(request["argv"])
+        import runpy
+
+        runpy.run_path(request["argv"][0], run_name="__main__")
+    except SystemExit as stop:  # as the interpreter reads it
+        if stop.code is None:
+            code = 0
+        elif isinstance(stop.code, int):
+            code = stop.code
+        else:
+            print(stop.code, file=sys.stderr)
+            code = 1
+    except BaseException as error:
+        sys.excepthook(*sys.exc_info())
+        code = -signal.SIGINT if isinstance(error, KeyboardInterrupt) else 1
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:
+        traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+def _end(code: int) -> None:
+    """Exit with ``code``; a negative one by that signal, as the interpreter ends itself after an uncaught Ctrl-C."""
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code)
+
+
+def _wait(pid: int, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return {"returncode": os.waitstatus_to_exitcode(status)}
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return {"timeout": True}
+        time.sleep(0.05)
+
+
+def main() -> None:
+    for line in sys.stdin:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = _child(request)
+            finally:
+                _end(code)
+        answer = _wait(pid, request["timeout"])
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
