@@ -302,13 +302,49 @@ def test_today_s_default_with_a_measured_fit_is_as_the_page_says():
     assert quiet["kept"]["encoder"] == 24 and quiet["costs"]["coefficients"]["encoder"] == 0
     price = 1e3 * busy["costs"]["coefficients"]["encoder"]
     assert f"prices an encoder head at {price:.2f} ms and closes all 24" in page
-    # the scores before recovery: the measured fits' plans below the kept table's
-    measured = sorted(x["bleu"]["validation"] for x in (once[0], busy, quiet))
-    table = r["table_busy"]["bleu"]["validation"]
-    assert r["table_quiet"]["bleu"] == r["table_busy"]["bleu"] and measured[-1] < table
-    scores = f"{measured[0]:.2f}-{measured[-1]:.2f} validation BLEU before recovery"
-    assert f"the measured fits' plans scored {scores}, against {table:.2f} for the kept table's" in page
-    assert f"scored {scores}, the kept table's {table:.2f}, from the same seed" in guide
+    # each plan before and after the grid's recovery of this protocol and seed, beside the grid's own cells
+    grid = {start: json.loads((bench.recovery.RESULTS / name).read_text()) for start, name in (
+        ("table", f"{bench.RECOVERED_AS}.json"), ("random", "curve_random_0.67_s1234_2000_lr0.002.json"),
+        ("even", "curve_even_layers_0.67_s1234_2000_lr0.002.json"))}
+    assert grid["table"]["gated_phase"]["kept"] == r["table_busy"]["kept"] and grid["table"]["steps"] == 1000
+    table_bleu = grid["table"]["shipped_test_bleu"]
+    random_bleu, even_bleu = (grid[s]["test_bleu_at"]["1000"] for s in ("random", "even"))
+    assert r["table_quiet"]["bleu"] == r["table_busy"]["bleu"]
+    prices = r["table_busy"]["costs"]  # the kept table's, for every plan
+    dense = {"encoder": 24, "decoder": 24, "cross": 24, "encoder_ffn": 3072, "decoder_ffn": 3072, "encoder_layer": 3,
+             "decoder_layer": 3}
+
+    def by_the_table(kept):
+        return ((prices["base"] + sum(c * kept[k] for k, c in prices["coefficients"].items()))
+                / (prices["base"] + sum(c * dense[k] for k, c in prices["coefficients"].items())))
+
+    rows = {"the kept table (the grid's cell)": (r["table_busy"], table_bleu),
+            "measured, kept in the machine's cache": (once[0], once[0]["recovered"]["test_bleu"]),
+            "measured, the busy run's own": (busy, busy["recovered"]["test_bleu"]),
+            "measured, the quiet run's own": (quiet, quiet["recovered"]["test_bleu"])}
+    for label, (x, after) in rows.items():
+        if "recovered" in x:  # recovered as the grid's cell was, with this run's export
+            assert x["recovered"]["as"] == bench.RECOVERED_AS and x["recovered"]["shipped_step"] == 1000
+            assert x["recovered"]["command"].split()[2:] == [
+                *grid["table"]["command"].split()[2:5], f"RUNS/{x['name']}_recovered",
+                *grid["table"]["command"].split()[6:]]
+        k = x["kept"]
+        row = (f"| {label} | {k['encoder'] + k['decoder'] + k['cross']} | {k['encoder_ffn']:,} + {k['decoder_ffn']:,} | "
+               f"{by_the_table(k):.3f} | {x['bleu']['validation']:.2f} | {after:.2f} |")
+        assert row in page, row
+    worse = sorted((once[0]["recovered"]["test_bleu"], busy["recovered"]["test_bleu"]))
+    assert worse[-1] < random_bleu < even_bleu < table_bleu and quiet["recovered"]["test_bleu"] > even_bleu
+    assert (f"Random structures scored {random_bleu:.2f} and even layers {even_bleu:.2f} at this seed after 1,000 "
+            f"steps (the recovery grid). Two of the three measured fits gave plans {random_bleu - worse[1]:.1f} and "
+            f"{random_bleu - worse[0]:.1f} BLEU below random structures, {table_bleu - worse[0]:.2f} and "
+            f"{table_bleu - worse[1]:.2f} below the kept table's plan. The third (the quiet run's fit, "
+            f"{quiet['costs']['fit_error']:.1%} off its probes) came within "
+            f"{table_bleu - quiet['recovered']['test_bleu']:.2f} of it.") in page
+    assert (f"after the same 1,000 steps of recovery {worse[0]:.2f} and {worse[1]:.2f} test BLEU, below random "
+            f"structures ({random_bleu:.2f}), where the kept table's plan scored {table_bleu:.2f} and the third "
+            f"measured fit's {quiet['recovered']['test_bleu']:.2f}") in page
+    assert (f"scored {worse[0]:.2f}, {worse[1]:.2f} and {quiet['recovered']['test_bleu']:.2f} test BLEU, the kept "
+            f"table's {table_bleu:.2f} and random structures {random_bleu:.2f}, from the same seed") in guide
     assert f"two of today's default, each with the run's own fit (20%), {apart:,} apart" in guide
     assert f"and two of today's default {apart:,} apart (at 20%)" in page
     readme = " ".join((root / "README.md").read_text().split())
