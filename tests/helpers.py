@@ -41,10 +41,10 @@ def run_train(run_dir: Path, *overrides: str, flags=(), cwd: Path | None = None,
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
 
 
-# environment variables a library may read once, when imported (hub and cache paths, offline switches, threads): a
-# run whose environment differs from the train server's in one of these starts a process of its own
-READ_AT_IMPORT = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "OMP_", "MKL_", "KMP_", "TORCH", "PYTORCH",
-                  "CUDA", "PYTHON", "LD_", "XDG_", "HOME", "WANDB", "LIGHTNING", "PL_", "HYDRA", "GATEDPRUNE_DEBUG")
+# the environment variables that differ from test to test and that nothing reads when imported: a run whose environment
+# differs from the train server's in any other (a hub or cache path, threads, a debug switch) starts a process of its
+# own, since the server's imports have read theirs already
+READ_WHEN_USED = ("GATEDPRUNE_CACHE", "PYTEST_CURRENT_TEST")
 
 
 class _TrainServer:
@@ -52,30 +52,41 @@ class _TrainServer:
     has imported the package once, instead of each importing it anew (seconds each; see that file)."""
 
     def __init__(self):
-        self.process, self.env = None, None
+        self.process, self.env, self.log, self.requests = None, None, None, 0
 
     def takes(self, env: dict[str, str]) -> bool:
         if os.environ.get("GATEDPRUNE_TEST_SERVER", "1") == "0":  # every run a process of its own
             return False
         if self.process is None or self.process.poll() is not None:
             self.env = offline_env()
+            self.log = tempfile.NamedTemporaryFile(prefix="train-server-", suffix=".log", delete=False)
             self.process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "train_server.py")],
-                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=self.env,
-                                            cwd=ROOT)
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                            text=True, env=self.env, cwd=ROOT)
         changed = {k for k in set(env) | set(self.env) if env.get(k) != self.env.get(k)}
-        return not any(k.startswith(READ_AT_IMPORT) for k in changed)
+        return changed <= set(READ_WHEN_USED)
 
     def run(self, argv: list[str], cwd: Path, env: dict[str, str], prefix, timeout: int):
+        self.requests += 1
         with tempfile.TemporaryDirectory() as tmp:
             out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-            request = {"argv": argv, "cwd": str(cwd), "env": env, "prefix": list(prefix), "stdout": str(out),
-                       "stderr": str(err), "timeout": timeout}
-            self.process.stdin.write(json.dumps(request) + "\n")
-            self.process.stdin.flush()
-            answer = self.process.stdout.readline()
-            if not answer:
-                raise RuntimeError(f"the train server ended (exit {self.process.wait()}) during {argv}")
-            answer = json.loads(answer)
+            request = {"id": self.requests, "argv": argv, "cwd": str(cwd), "env": env, "prefix": list(prefix),
+                       "stdout": str(out), "stderr": str(err), "timeout": timeout}
+            try:
+                self.process.stdin.write(json.dumps(request) + "\n")
+                self.process.stdin.flush()
+                answer = self.process.stdout.readline()  # the server kills a run at its timeout, then answers
+                if not answer:
+                    raise RuntimeError(f"the train server ended (exit {self.process.wait()}) during {argv}: "
+                                       f"{Path(self.log.name).read_text()[-2000:]}")
+                answer = json.loads(answer)
+                if answer["id"] != request["id"]:
+                    raise RuntimeError(f"the train server answered request {answer['id']}, not {request['id']}")
+            except BaseException:  # interrupted or out of step: the next run gets a fresh server
+                self.process.kill()
+                self.process.wait()
+                self.process = None
+                raise
             stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
         if answer.get("timeout"):
             raise subprocess.TimeoutExpired(argv, timeout, stdout, stderr)

@@ -311,8 +311,14 @@ def test_today_s_default_with_a_measured_fit_is_as_the_page_says():
     random_bleu, even_bleu = (grid[s]["test_bleu_at"]["1000"] for s in ("random", "even"))
     assert r["table_quiet"]["bleu"] == r["table_busy"]["bleu"]
     prices = r["table_busy"]["costs"]  # the kept table's, for every plan
-    dense = {"encoder": 24, "decoder": 24, "cross": 24, "encoder_ffn": 3072, "decoder_ffn": 3072, "encoder_layer": 3,
-             "decoder_layer": 3}
+    assert prices["source"] == "table"
+    layers = {"encoder": config["encoder_layers"], "decoder": config["decoder_layers"]}
+    dense = {"encoder": layers["encoder"] * config["encoder_attention_heads"],
+             "decoder": layers["decoder"] * config["decoder_attention_heads"],
+             "cross": layers["decoder"] * config["decoder_attention_heads"],
+             "encoder_ffn": layers["encoder"] * config["encoder_ffn_dim"],
+             "decoder_ffn": layers["decoder"] * config["decoder_ffn_dim"],
+             "encoder_layer": layers["encoder"], "decoder_layer": layers["decoder"]}
 
     def by_the_table(kept):
         return ((prices["base"] + sum(c * kept[k] for k, c in prices["coefficients"].items()))
@@ -325,8 +331,8 @@ def test_today_s_default_with_a_measured_fit_is_as_the_page_says():
     for label, (x, after) in rows.items():
         if "recovered" in x:  # recovered as the grid's cell was, with this run's export
             assert x["recovered"]["as"] == bench.RECOVERED_AS and x["recovered"]["shipped_step"] == 1000
-            assert x["recovered"]["command"].split()[2:] == [
-                *grid["table"]["command"].split()[2:5], f"RUNS/{x['name']}_recovered",
+            assert x["recovered"]["command"].split()[1:] == [
+                f"RUNS/{x['name']}/pruned", *grid["table"]["command"].split()[2:5], f"RUNS/{x['name']}_recovered",
                 *grid["table"]["command"].split()[6:]]
         k = x["kept"]
         row = (f"| {label} | {k['encoder'] + k['decoder'] + k['cross']} | {k['encoder_ffn']:,} + {k['decoder_ffn']:,} | "
@@ -339,10 +345,26 @@ def test_today_s_default_with_a_measured_fit_is_as_the_page_says():
             f"{random_bleu - worse[0]:.1f} BLEU below random structures, {table_bleu - worse[0]:.2f} and "
             f"{table_bleu - worse[1]:.2f} below the kept table's plan. The third (the quiet run's fit, "
             f"{quiet['costs']['fit_error']:.1%} off its probes) came within "
-            f"{table_bleu - quiet['recovered']['test_bleu']:.2f} of it.") in page
+            f"{table_bleu - quiet['recovered']['test_bleu']:.2f} of it, with a larger model") in page
     assert (f"after the same 1,000 steps of recovery {worse[0]:.2f} and {worse[1]:.2f} test BLEU, below random "
             f"structures ({random_bleu:.2f}), where the kept table's plan scored {table_bleu:.2f} and the third "
             f"measured fit's {quiet['recovered']['test_bleu']:.2f}") in page
+    # why: the two worse plans' fits priced the encoder's and cross heads above the kept table's, and their gates
+    # closed heads; by the kept table's prices those plans are larger than its own
+    ms = {n: {k: 1e3 * x["costs"]["coefficients"][k] for k in ("encoder", "cross")}
+          for n, x in (("once", once[0]), ("busy", busy), ("table", r["table_busy"]))}
+    assert (f"an encoder head at {ms['once']['encoder']:.2f} and {ms['busy']['encoder']:.2f} ms, a cross head at "
+            f"{ms['once']['cross']:.2f} and {ms['busy']['cross']:.2f} ms, against {ms['table']['encoder']:.0f} and "
+            f"{ms['table']['cross']:.2f} in the kept table") in page
+    for n in ("once", "busy"):
+        assert all(ms[n][k] > ms["table"][k] for k in ("encoder", "cross"))
+    heads = {n: sum(x["kept"][k] for k in ("encoder", "decoder", "cross")) for n, x in
+             (("once", once[0]), ("busy", busy), ("table", r["table_busy"]))}
+    assert heads["once"] < heads["busy"] < heads["table"]
+    assert (f"larger than its own ({by_the_table(once[0]['kept']):.3f} and {by_the_table(busy['kept']):.3f} of the "
+            "dense latency), and worse") in page
+    assert (f"({by_the_table(quiet['kept']):.3f} of the dense latency by the kept table's prices, against "
+            f"{by_the_table(r['table_busy']['kept']):.3f})") in page
     assert (f"scored {worse[0]:.2f}, {worse[1]:.2f} and {quiet['recovered']['test_bleu']:.2f} test BLEU, the kept "
             f"table's {table_bleu:.2f} and random structures {random_bleu:.2f}, from the same seed") in guide
     assert f"two of today's default, each with the run's own fit (20%), {apart:,} apart" in guide

@@ -2,7 +2,9 @@
 stdout and stderr for a refusal (train.py reading the overrides), an uncaught error, an exit with a message or a
 status, and output on both streams."""
 
+import json
 import subprocess
+import sys
 
 import pytest
 
@@ -16,15 +18,19 @@ ENDINGS = {
     "ctrl-c": (("raise KeyboardInterrupt",), ()),
     "exit message": (("import sys", "sys.exit('stopped: a message')"), ()),
     "exit 3": (("import sys", "print('before', flush=True)", "sys.exit(3)"), ()),
+    "exit -1": (("import sys", "sys.exit(-1)"), ()),
     "printed": (("print('to stdout'); import sys; print('to stderr', file=sys.stderr)", "raise SystemExit(0)"), ()),
 }
 
 
 def _both(tmp_path, monkeypatch, prefix, overrides):
+    """The same run served and as a fresh process; the served one was served (its args are train.py's)."""
+    monkeypatch.delenv("GATEDPRUNE_TEST_SERVER", raising=False)
     served = run_train(tmp_path / "served" / "run", *overrides, prefix=prefix, cwd=tmp_path)
     monkeypatch.setenv("GATEDPRUNE_TEST_SERVER", "0")
     fresh = run_train(tmp_path / "fresh" / "run", *overrides, prefix=prefix, cwd=tmp_path)
     monkeypatch.delenv("GATEDPRUNE_TEST_SERVER")
+    assert served.args[0] == str(helpers.ROOT / "train.py") and fresh.args[0] == sys.executable
     return served, fresh
 
 
@@ -32,7 +38,7 @@ def _both(tmp_path, monkeypatch, prefix, overrides):
 def test_a_served_run_ends_as_a_fresh_process_does(tmp_path, monkeypatch, ending):
     prefix, overrides = ENDINGS[ending]
     served, fresh = _both(tmp_path, monkeypatch, prefix, overrides)
-    status = {"refused": 2, "exit 3": 3, "printed": 0, "ctrl-c": -2}.get(ending, 1)  # -2: ended by SIGINT
+    status = {"refused": 2, "exit 3": 3, "exit -1": 255, "printed": 0, "ctrl-c": -2}.get(ending, 1)  # -2: by SIGINT
     assert served.returncode == fresh.returncode == status
     assert served.stdout == fresh.stdout
     if ending in ("uncaught", "ctrl-c"):  # the same traceback but for the file names of the two ways in
@@ -44,7 +50,16 @@ def test_a_served_run_ends_as_a_fresh_process_does(tmp_path, monkeypatch, ending
     assert not (tmp_path / "served" / "run").exists() and not (tmp_path / "fresh" / "run").exists()
 
 
+def test_a_served_smoke_run_ends_where_a_fresh_one_does(tmp_path, monkeypatch):
+    """A whole smoke run, served and fresh: the same plan, validation loss and BLEU (each an independent run)."""
+    served, fresh = _both(tmp_path, monkeypatch, (), ("trainer.max_steps=14",))
+    assert served.returncode == fresh.returncode == 0, served.stderr[-2000:] + fresh.stderr[-2000:]
+    ours, theirs = (json.loads((tmp_path / way / "run" / "metrics.json").read_text()) for way in ("served", "fresh"))
+    assert ours["plan"] == theirs["plan"] and ours["val_loss"] == theirs["val_loss"] and ours["bleu"] == theirs["bleu"]
+
+
 def test_a_served_run_sees_its_own_directory_and_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv("GATEDPRUNE_TEST_SERVER", raising=False)
     (tmp_path / "here").mkdir()
     monkeypatch.setenv("GATEDPRUNE_CACHE", str(tmp_path / "cache"))
     prefix = ("import os, sys", "print(os.getcwd(), os.environ['GATEDPRUNE_CACHE'])", "sys.exit(0)")
@@ -53,11 +68,13 @@ def test_a_served_run_sees_its_own_directory_and_environment(tmp_path, monkeypat
     assert proc.stdout.strip() == f"{tmp_path / 'here'} {tmp_path / 'cache'}"
 
 
-def test_an_environment_read_at_import_starts_a_process_of_its_own(tmp_path):
+def test_an_environment_read_at_import_starts_a_process_of_its_own(tmp_path, monkeypatch):
+    monkeypatch.delenv("GATEDPRUNE_TEST_SERVER", raising=False)
     server = helpers._SERVER
     assert server.takes(helpers.offline_env(GATEDPRUNE_CACHE=str(tmp_path)))
     assert not server.takes(helpers.offline_env(HF_MODULES_CACHE=str(tmp_path)))
     assert not server.takes(helpers.offline_env(OMP_NUM_THREADS="2"))
+    assert not server.takes(helpers.offline_env(SOMETHING_NEW="1"))  # only what is known to be read when used
     prefix = ("import os, sys", "print(os.environ['HF_HOME'])", "sys.exit(0)")
     proc = run_train(tmp_path / "run", prefix=prefix, env={"HF_HOME": str(tmp_path / "hf")})
     assert proc.returncode == 0 and proc.stdout.strip() == str(tmp_path / "hf")

@@ -7,10 +7,12 @@ run yet, so what a run does is what a fresh process does: its own working direct
 stderr (files, at the descriptor level, so nothing printed is lost), exit status (``SystemExit``'s code, or the
 excepthook's report and 1, or SIGINT after an uncaught ``KeyboardInterrupt``), and exit handlers.
 
-Protocol, one JSON object per line: a request ``{"argv", "cwd", "env", "prefix", "stdout", "stderr", "timeout"}`` on
-stdin, the answer ``{"returncode"}`` (or ``{"timeout": true}``, the child killed) on stdout. The server ends at the
-end of its stdin. Variables that the libraries may read when imported (``helpers.READ_AT_IMPORT``) are fixed at the
-server's start, so a run whose environment differs in one is started as a process of its own instead.
+Protocol, one JSON object per line: a request ``{"id", "argv", "cwd", "env", "prefix", "stdout", "stderr",
+"timeout"}`` on stdin, the answer ``{"id", "returncode"}`` (or ``{"id", "timeout": true}``, the child killed) on
+stdout. The server ends at the end of its stdin. What the libraries read from the environment when imported is
+fixed at the server's start, so a run whose environment differs from the server's in anything but the variables read
+when used (``helpers.READ_WHEN_USED``) is started as a process of its own instead. What forking cannot give each
+run: its own string hash seed (every run here shares the server's).
 """
 
 import atexit
@@ -18,22 +20,28 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PATH = list(sys.path)  # as the interpreter set it: [this folder, the standard library, site-packages, ...]
 sys.path.insert(0, str(ROOT))
+STARTED = dict(os.environ)
 
 import gatedprune.cli  # noqa: E402,F401  (what train.py imports, loaded once)
 import gatedprune.train  # noqa: E402,F401
 
+# what the imports put in the environment, as they would in a fresh process on top of the run's own
+IMPORTS_SET = {k: v for k, v in os.environ.items() if STARTED.get(k) != v}
 
-def _child(request: dict) -> int:
-    """Run the request in this (forked) process; its exit status."""
+
+def _child(request: dict) -> tuple[int, bool]:
+    """Run the request in this (forked) process: (its exit status, whether it ends by SIGINT)."""
     os.chdir(request["cwd"])
     os.environ.clear()
-    os.environ.update(request["env"])
+    os.environ.update({**request["env"], **IMPORTS_SET})
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(target, fd)
@@ -43,7 +51,9 @@ def _child(request: dict) -> int:
     os.close(devnull)
     sys.stdin = open(os.devnull)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    code = 0
+    # sys.path as `python -c` (a prefix: the working directory first) or `python train.py` (its folder) sets it
+    sys.path[:] = ["" if request["prefix"] else str(Path(request["argv"][0]).parent), *PATH[1:]]
+    code, interrupted = 0, False
     try:
         script = "; ".join(request["prefix"]) or "pass"
         exec(compile(script, "<prefix>", "exec"), {"__name__": "__prefix__"})
@@ -55,27 +65,28 @@ def _child(request: dict) -> int:
         if stop.code is None:
             code = 0
         elif isinstance(stop.code, int):
-            code = stop.code
+            code = stop.code & 0xFF  # as the operating system keeps it: sys.exit(-1) is 255
         else:
             print(stop.code, file=sys.stderr)
             code = 1
     except BaseException as error:
         sys.excepthook(*sys.exc_info())
-        code = -signal.SIGINT if isinstance(error, KeyboardInterrupt) else 1
-    try:
+        code, interrupted = 1, isinstance(error, KeyboardInterrupt)
+    try:  # the interpreter's own ending: wait for the threads left running, then the exit handlers
+        threading._shutdown()
         atexit._run_exitfuncs()
     except BaseException:
         traceback.print_exc()
     sys.stdout.flush()
     sys.stderr.flush()
-    return code
+    return code, interrupted
 
 
-def _end(code: int) -> None:
-    """Exit with ``code``; a negative one by that signal, as the interpreter ends itself after an uncaught Ctrl-C."""
-    if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
+def _end(code: int, interrupted: bool) -> None:
+    """Exit with ``code``, or by SIGINT, as the interpreter ends itself after an uncaught Ctrl-C."""
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     os._exit(code)
 
 
@@ -97,12 +108,12 @@ def main() -> None:
         request = json.loads(line)
         pid = os.fork()
         if pid == 0:
-            code = 1
+            ending = (1, False)
             try:
-                code = _child(request)
+                ending = _child(request)
             finally:
-                _end(code)
-        answer = _wait(pid, request["timeout"])
+                _end(*ending)
+        answer = {"id": request["id"], **_wait(pid, request["timeout"])}
         sys.stdout.write(json.dumps(answer) + "\n")
         sys.stdout.flush()
 
