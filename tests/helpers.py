@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -62,7 +63,7 @@ class _TrainServer:
             self.log = tempfile.NamedTemporaryFile(prefix="train-server-", suffix=".log", delete=False)
             self.process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "train_server.py")],
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                            text=True, env=self.env, cwd=ROOT)
+                                            text=True, env=self.env, cwd=ROOT, start_new_session=True)
         changed = {k for k in set(env) | set(self.env) if env.get(k) != self.env.get(k)}
         return changed <= set(READ_WHEN_USED)
 
@@ -82,8 +83,8 @@ class _TrainServer:
                 answer = json.loads(answer)
                 if answer["id"] != request["id"]:
                     raise RuntimeError(f"the train server answered request {answer['id']}, not {request['id']}")
-            except BaseException:  # interrupted or out of step: the next run gets a fresh server
-                self.process.kill()
+            except BaseException:  # interrupted or out of step: the server and its run go, the next run starts afresh
+                os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
                 self.process = None
                 raise

@@ -79,3 +79,35 @@ def test_an_environment_read_at_import_starts_a_process_of_its_own(tmp_path, mon
     proc = run_train(tmp_path / "run", prefix=prefix, env={"HF_HOME": str(tmp_path / "hf")})
     assert proc.returncode == 0 and proc.stdout.strip() == str(tmp_path / "hf")
     assert isinstance(proc, subprocess.CompletedProcess) and proc.args[0] != str(helpers.ROOT / "train.py")
+
+
+def test_a_run_interrupted_while_served_takes_the_server_and_its_run_down(tmp_path, monkeypatch):
+    """A test stopped while its run is served (Ctrl-C in pytest): the server and that run are killed, and the next run
+    gets a fresh server, not the stale answer."""
+    import time
+    from pathlib import Path
+
+    monkeypatch.delenv("GATEDPRUNE_TEST_SERVER", raising=False)
+    server = helpers._SERVER
+    assert server.takes(helpers.offline_env())
+    stop = tmp_path / "started"
+    prefix = ("import pathlib, time", f"pathlib.Path({str(stop)!r}).write_text(str(__import__('os').getpid()))",
+              "time.sleep(600)")
+
+    def interrupted():  # the run has started; then the test is interrupted while waiting for its answer
+        while not stop.exists():
+            time.sleep(0.05)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(server.process.stdout, "readline", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_train(tmp_path / "run", prefix=prefix)
+    assert server.process is None
+    status = Path(f"/proc/{stop.read_text()}/status")
+    deadline = time.monotonic() + 10
+    while status.exists() and "zombie" not in status.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # the sleeping run went with its server: gone, or dead and not yet reaped by whoever inherited it
+    assert not status.exists() or "zombie" in status.read_text()
+    proc = run_train(tmp_path / "next", prefix=("import sys", "print('fresh server')", "sys.exit(0)"))
+    assert proc.returncode == 0 and proc.stdout.strip() == "fresh server"
