@@ -56,18 +56,24 @@ class _TrainServer:
         self.process, self.env, self.log, self.requests = None, None, None, 0
 
     def takes(self, env: dict[str, str]) -> bool:
+        """Whether a run with this environment can be forked from the server (the one running, else the one ``run``
+        would start)."""
         if os.environ.get("GATEDPRUNE_TEST_SERVER", "1") == "0":  # every run a process of its own
             return False
-        if self.process is None or self.process.poll() is not None:
+        served = self.env if self._alive() else offline_env()
+        changed = {k for k in set(env) | set(served) if env.get(k) != served.get(k)}
+        return changed <= set(READ_WHEN_USED)
+
+    def _alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def run(self, argv: list[str], cwd: Path, env: dict[str, str], prefix, timeout: int):
+        if not self._alive():  # started at the first run it serves
             self.env = offline_env()
             self.log = tempfile.NamedTemporaryFile(prefix="train-server-", suffix=".log", delete=False)
             self.process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "train_server.py")],
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                             text=True, env=self.env, cwd=ROOT, start_new_session=True)
-        changed = {k for k in set(env) | set(self.env) if env.get(k) != self.env.get(k)}
-        return changed <= set(READ_WHEN_USED)
-
-    def run(self, argv: list[str], cwd: Path, env: dict[str, str], prefix, timeout: int):
         self.requests += 1
         with tempfile.TemporaryDirectory() as tmp:
             out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
