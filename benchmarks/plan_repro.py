@@ -3,10 +3,11 @@ process keeps one core busy, and how far apart their latency fits and the plans 
 
 Each run is a default run's gated phase from the kept teacher (target 0.67, seed 1234), exported and not
 fine-tuned, with the latency fit measured at set-up by each run (``fit=measured``: no table, a fresh cache of its
-own; ``measured_5pct``: the same, timed again until the fit misses its probes by 5% at most), measured by the first
-run and kept for the second in the machine's cache (``fit=measured_once``: no table, as a run without one prices
-since 2026-12-06; ``$GATEDPRUNE_CACHE`` fresh for the pair) or read from the recovery grid's kept fit
-(``fit=table``). ``--protocol`` picks which default: ``first_layers``, today's
+own, timed as a run timed it until 2026-12-07; ``measured_5pct``: the same, timed again until the fit misses its
+probes by 5% at most), measured by the first run and kept for the second in the machine's cache
+(``fit=measured_once``: no table, as a run without one priced from 2026-12-06; ``measured_once_5pct``: the same with
+the fit timed to 5% before it is kept, as since 2026-12-07; ``$GATEDPRUNE_CACHE`` fresh for the pair) or read from
+the recovery grid's kept fit (``fit=table``). ``--protocol`` picks which default: ``first_layers``, today's
 (``pruning=first_layers``, 300 gated steps), ``first_layers_late``, the one of 2026-12-06 (its layers settled at gated
 step 100, no widths held), or ``preset``, the one before both (``pruning=speed``, 100 gated steps).
 Its json records the fit (base, costs per structure, largest error over its probes, each probe's timings), the
@@ -16,6 +17,7 @@ A run already in ``--results`` is skipped.
     .venv/bin/python benchmarks/plan_repro.py run --runs RUNS/repro       # busy then quiet, for each fit
     .venv/bin/python benchmarks/plan_repro.py recover --runs RUNS/repro --fit measured --load busy
                                           # that run's export, recovered as the grid's cell of the default's protocol
+    .venv/bin/python benchmarks/plan_repro.py speed --runs RUNS/repro     # each export timed, and each fit's guess
     .venv/bin/python benchmarks/plan_repro.py table                       # docs/benchmarks/plan_repro/README.md
 """
 
@@ -37,16 +39,21 @@ from common import ROOT, machine, trajectory, write_readme  # noqa: E402
 from gatedprune.utils import markdown_table  # noqa: E402
 
 RESULTS = ROOT / "docs" / "benchmarks" / "plan_repro"
-# how each pair prices the teacher: a fit measured at set-up as a run makes it, one measured until it misses its
-# probes by 5% at most (the median of up to 15 timings: docs/gates.md 0c), or the kept table
-FITS = {"measured": ["pruning.workload.table=null"],
+# how each pair prices the teacher: a fit measured at set-up as a run made it until 2026-12-07 (timed again only
+# beyond 20%, three timings at most, and kept for later runs at that; its records' commands, run then, name neither
+# setting), one measured until it misses its probes by 5% at most (the median of up to 15 timings: docs/gates.md 0c),
+# the same kept for later runs (``measured_once_5pct``: a run with no table since 2026-12-07), or the kept table
+UNTIL_2026_12_07 = ["pruning.workload.keep_tolerance=0.2", "pruning.workload.fit_attempts=3"]
+FITS = {"measured": ["pruning.workload.table=null", *UNTIL_2026_12_07],
         "measured_5pct": ["pruning.workload.table=null", "pruning.workload.fit_tolerance=0.05",
                           "pruning.workload.fit_attempts=15"],
-        "measured_once": ["pruning.workload.table=null"],
+        "measured_once": ["pruning.workload.table=null", *UNTIL_2026_12_07],
+        "measured_once_5pct": ["pruning.workload.table=null", "pruning.workload.keep_tolerance=0.05",
+                               "pruning.workload.fit_attempts=15"],
         "table": [f"pruning.workload.table={recovery.TABLE}"]}
 # whose machine cache of latency fits (costs.table.machine_dir) a run sees: its own, empty (it times its fit), or
 # one the pair shares, empty before its first run (the first times the fit, the second reuses it)
-SHARED_CACHE = {"measured_once"}
+SHARED_CACHE = {"measured_once", "measured_once_5pct"}
 LOADS = ("busy", "quiet")  # in this order: the busy run first, as the issue asks
 # each default's gated phase, and the prefix of its records' names (the preset's were recorded without one):
 # today's (pruning=first_layers since 2026-12-07: the layers settled at step 1, the widths held from step 200), the
@@ -176,6 +183,68 @@ def recover_one(name: str, runs: Path, results: Path) -> dict:
     return record
 
 
+SPEED_REPEATS = 15  # interleaved calls per model (median): this machine's calls move 10-15% each (docs/gates.md 0c)
+
+
+def speed(results: Path, runs: Path, load_teacher, timer=None, repeats: int = SPEED_REPEATS,
+          protocol: str = "first_layers") -> dict:
+    """Which fit predicts this machine? Every recorded run of ``protocol`` whose export is still in ``runs``, the
+    teacher and a copy of it (the noise floor), timed in one process as the latency fit times its probes (the
+    default workload's ``generate()``, CPU time, one thread; ``timer``: the fit's, default ``torch_timer``), in turn,
+    the median of ``repeats`` calls each. Beside each measured speed-up (the teacher's time over the export's), the one
+    its own fit predicted (the run's record) and the one the kept table predicts. Written to
+    ``speed_<protocol>.json`` in ``results``; a pair sharing one plan is timed once (its first run)."""
+    from gatedprune.costs import table as latency_table
+    from gatedprune.costs.timers import torch_timer
+    from gatedprune.surgery.model_loading import load_seq2seq
+    from gatedprune.costs.workload import Workload
+
+    workload = Workload(repeats=repeats)
+    _, kept_fit, _ = latency_table.read(recovery.TABLE)
+    names, plans = [], []
+    for fit in FITS:
+        for load in LOADS:
+            name = name_of(protocol, fit, load)
+            path = results / f"{name}.json"
+            if not path.is_file() or not (runs / name / "pruned").is_dir():
+                continue
+            record = json.loads(path.read_text())
+            if "plan" in record and record["plan"] not in plans:  # the same plan is the same model to time
+                names.append(name)
+                plans.append(record["plan"])
+    if not names:
+        raise SystemExit(f"speed: no export of a recorded {protocol} run in {runs}")
+    teacher = load_teacher().float().eval()
+    models = [teacher, load_teacher().float().eval(),
+              *(load_seq2seq(runs / n / "pruned").float().eval() for n in names)]
+    print(f"timing the teacher, a copy of it and {len(names)} exports in turn, {repeats} calls each")
+    seconds = (timer or torch_timer)(models, workload)
+    rows = []
+    for name, model, t in zip(names, models[2:], seconds[2:]):
+        record = json.loads((results / f"{name}.json").read_text())
+        rows.append({"name": name, "fit": record["fit"], "fit_error": record["costs"]["fit_error"],
+                     "measured": seconds[0] / t, "own_fit": record["predicted"]["speed_up"],
+                     "kept_table": kept_fit.of(teacher) / kept_fit.of(model)})
+    out = {"protocol": protocol, "machine": machine(), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "workload": workload.decoding(), "noise_floor": seconds[0] / seconds[1], "teacher_s": seconds[0],
+           "rows": rows, "command": f".venv/bin/python benchmarks/plan_repro.py speed --runs RUNS/repro "
+                                    f"--protocol {protocol}"}
+    (results / f"speed_{protocol}.json").write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
+def speed_table(record: dict) -> str:
+    """The speed stage's rows: measured against each prediction, and how far off each is."""
+    def off(predicted: float, measured: float) -> str:
+        return f"{predicted:.2f}x ({100 * (predicted / measured - 1):+.0f}%)"
+
+    rows = [[r["name"], f"{r['fit_error']:.1%}", f"{r['measured']:.2f}x", off(r["own_fit"], r["measured"]),
+             off(r["kept_table"], r["measured"])] for r in record["rows"]]
+    rows.append(["a copy of the teacher (noise floor)", "-", f"{record['noise_floor']:.2f}x", "1.00x", "1.00x"])
+    return markdown_table(["run's export", "its fit's error", "measured speed-up", "its own fit predicted (off)",
+                           "the kept table predicts (off)"], rows)
+
+
 def table(results: Path) -> str:
     found = {p.stem: json.loads(p.read_text()) for p in sorted(results.glob("*.json"))}
     rows = []
@@ -213,7 +282,7 @@ def table(results: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("stage", choices=["run", "recover", "table"],
+    parser.add_argument("stage", choices=["run", "recover", "speed", "table"],
                         help="recover: one recorded run's export (--fit, --load) recovered as the grid's cell "
                              f"{RECOVERED_AS}")
     parser.add_argument("--runs", type=Path, default=Path("runs/repro"))
@@ -234,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: recovered (in {args_.results})")
         else:
             recover_one(name, args_.runs.resolve(), args_.results)
+    if args_.stage == "speed":
+        speed(args_.results, args_.runs.resolve(), recovery._kept_teacher()[0], protocol=args_.protocol)
     if args_.stage == "run":
         for fit in [args_.fit] if args_.fit else FITS:
             for load in LOADS:
@@ -249,11 +320,18 @@ def main(argv: list[str] | None = None) -> int:
                  "layers settled at step 1 and the widths held from step 200, since 2026-12-07); first_layers_late: "
                  "the default of 2026-12-06 (the layers settled at step 100, no widths held); preset: the default "
                  "before both (pruning=speed, 100 gated steps). Fits: measured at set-up as a run "
-                 "makes it, each run its own (measured), measured until it misses its probes by 5% at most "
+                 "made it until 2026-12-07 (timed again beyond 20%, three timings at most), each run its own "
+                 "(measured), measured until it misses its probes by 5% at most "
                  "(measured_5pct: pruning.workload.fit_tolerance=0.05, fit_attempts=15), measured by the busy run "
-                 "and kept in the machine's cache for the quiet one (measured_once: a run with no table since "
-                 "2026-12-06), or the kept table (table).",
-                 table(args_.results))
+                 "and kept in the machine's cache for the quiet one (measured_once: a run with no table from "
+                 "2026-12-06; measured_once_5pct: the same timed to 5% before it is kept, since 2026-12-07), or the "
+                 "kept table (table).",
+                 table(args_.results) + "".join(
+                     f"\n\nspeed_{p}.json ({r['when']}, {r['machine']}: `{r['command']}`): each export timed as the "
+                     "latency fit times its probes, beside the teacher, the median of "
+                     f"{r['workload']['repeats']} interleaved calls\n\n" + speed_table(r)
+                     for p in PROTOCOLS if (args_.results / f"speed_{p}.json").is_file()
+                     for r in [json.loads((args_.results / f"speed_{p}.json").read_text())]))
     return 0
 
 

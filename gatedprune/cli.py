@@ -251,8 +251,10 @@ def latency_command(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runtime", default=defaults.runtime, help="torch (generate()) or ct2 (CTranslate2)")
     parser.add_argument("--device", default=defaults.device, help="cpu or cuda")
     parser.add_argument("--quantization", default=None, help="ct2 only: the compute type to time (int8, ...)")
-    parser.add_argument("--fit-tolerance", type=float, default=defaults.fit_tolerance,
-                        help="time the probes again while the fit misses one by more than this fraction")
+    # a table prices every run given it: held to what a run keeps for later runs (keep_tolerance), refused beyond
+    parser.add_argument("--fit-tolerance", type=float, default=defaults.keep_tolerance,
+                        help="time the probes again while the fit misses one by more than this fraction; still off "
+                             "after the last timing: refused")
     parser.add_argument("--fit-attempts", type=int, default=defaults.fit_attempts, help="timings of the probes at most")
     args = parser.parse_args(argv)
     set_offline_defaults()
@@ -271,7 +273,8 @@ def latency_command(argv: Sequence[str] | None = None) -> int:
         try:
             workload = Workload(**{k: getattr(args, k) for k in ("source_tokens", "target_tokens", "batch", "num_beams",
                                                                  "threads", "repeats", "runtime", "device",
-                                                                 "quantization", "fit_tolerance", "fit_attempts")})
+                                                                 "quantization", "fit_tolerance", "fit_attempts")},
+                                keep_tolerance=args.fit_tolerance)
         except ValueError as err:  # named as this command takes it: --num-beams, not pruning.workload.num_beams
             raise ValueError(re.sub(r"pruning\.workload\.(\w+)", lambda m: "--" + m[1].replace("_", "-"), str(err)))
         model = load_seq2seq(args.model_dir).float().eval()

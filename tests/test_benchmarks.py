@@ -1049,6 +1049,10 @@ def test_additivity_prices_cuts_of_every_kind_at_once_by_the_fit_of_the_single_k
     with pytest.raises(latency.LatencyFitError):
         per.fits(tmp_path, lambda: model, fit_tolerance=0.05, fit_attempts=9)
     assert (timed[0].fit_tolerance, timed[0].fit_attempts) == (0.05, 9) and not list(tmp_path.iterdir())
+    assert timed[0].aim == 0.05  # timed until the fit meets its probes within the tolerance asked for, no further
+    with pytest.raises(latency.LatencyFitError):
+        per.fits(tmp_path, lambda: model)  # as the recorded fits were timed: 20%, three timings
+    assert (timed[1].fit_tolerance, timed[1].fit_attempts, timed[1].aim) == (0.2, 3, 0.2)
     for bad, said in ((["additivity", "--rounds", "0"], "--rounds 0; allowed: an integer >= 1"),
                       (["fits", "--fit-tolerance", "0"], "--fit-tolerance 0.0; allowed: a fraction > 0"),
                       (["fits", "--fit-attempts", "0"], "--fit-attempts 0; allowed: an integer >= 1"),

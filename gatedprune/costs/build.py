@@ -8,8 +8,10 @@ and so does a machine, for each model shape and workload. Two runs that each tim
 kinds by their timings and could ship two plans (docs/gates.md 0c); a run started after another's set-up here is
 priced by that one's fit (two started at once each time their own). A fit found beside a checkpoint comes first and
 is kept in the machine's cache where it has none; one found in the machine's cache is kept beside the checkpoint,
-for its forks and resumes. The machine's cache times again a file it cannot read, or a fit that misses its probes
-by more than this run's ``fit_tolerance``.
+for its forks and resumes. The machine's cache holds fits to a table's standard: a fit timed here goes into it only
+when it meets its probes within ``keep_tolerance`` (one that only met ``fit_tolerance`` after its last timing
+prices this run and its forks), and it times again a file it cannot read, or a fit that misses its probes by more
+than this run's ``keep_tolerance``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ ONE_PLAN = ("note: this latency fit prices every later run of this model's shape
             "which prices the kinds otherwise. For one plan on every machine, measure a table once "
             "(gatedprune-latency MODEL_DIR TABLE.json --fit-tolerance 0.05 --fit-attempts 15) and give it to every "
             "run (pruning.workload.table=TABLE.json)")
+NOISY = ("note: after {timings} timings this latency fit still misses its probes by {error:.1%}, more than "
+         "{setting}: it prices this run (and forks of its checkpoint) but is not kept "
+         "for later runs on this machine, which time their own and can ship another plan. For one plan every run, "
+         "time a table on a quieter machine (gatedprune-latency MODEL_DIR TABLE.json) and give it to every run "
+         "(pruning.workload.table=TABLE.json)")
 NOT_KEPT = ("note: a latency fit timed here prices each kind by this run's timings, and it could not be kept for "
             "the next run ({error}): another run's fit on a shared machine prices the kinds otherwise and can ship "
             "another plan. For one plan every run, measure a table once (gatedprune-latency MODEL_DIR TABLE.json "
@@ -72,7 +79,11 @@ def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = 
             "fit_error": latency.fit_error(probes)}
     print(f"latency fit: {1000 * cost.base:.2f} ms per call plus each structure's cost; its largest error over its "
           f"{len(probes)} probes {info['fit_error']:.1%}")
-    kept = _save_first(beside, wanted, cost, probes)
+    kept = _save_first(beside, wanted, cost, probes)  # forks of this checkpoint are priced alike, whatever its error
+    if info["fit_error"] > workload.aim:  # a fit of the noise: not for every later run here
+        print(NOISY.format(timings=len(probes[0]["timings"]), error=info["fit_error"], setting=workload.aim_setting))
+        info["path"] = str(kept) if kept else None
+        return cost, info
     error = _save(machine / name, wanted, cost, probes)
     print(NOT_KEPT.format(error=error) if error else ONE_PLAN.format(path=machine / name))
     info["path"] = str(kept) if kept else (None if error else str(machine / name))
@@ -82,7 +93,7 @@ def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = 
 def _cached(path: Path, wanted: dict, workload: Workload, in_machine: bool):
     """(cost, probes, device) of the fit cached at ``path`` for this key, or None: no file, another key (a hash
     collision, an edited file), or, in the machine's cache, a file that does not read or a fit that misses its probes
-    by more than this run's ``fit_tolerance`` (a run with a looser one timed it): those are timed again."""
+    by more than this run's ``keep_tolerance`` (a run with a looser one timed it): those are timed again."""
     if not path.is_file():
         return None
     try:
@@ -95,9 +106,9 @@ def _cached(path: Path, wanted: dict, workload: Workload, in_machine: bool):
     if saved != wanted:
         return None
     error = latency.fit_error(probes) if in_machine and probes else 0.0
-    if error > workload.fit_tolerance:
-        print(f"note: the latency fit {path} misses its probes by up to {error:.0%}, above "
-              f"pruning.workload.fit_tolerance={workload.fit_tolerance:g}; timing the probes again")
+    if error > workload.aim:
+        print(f"note: the latency fit {path} misses its probes by up to {error:.1%}, above "
+              f"{workload.aim_setting}; timing the probes again")
         return None
     return cost, probes, saved["device"]
 

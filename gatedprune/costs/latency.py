@@ -13,12 +13,14 @@ then linear in their nested P(open) (``linear.StructureCosts``), as the budget n
 
 A fit is checked against its own probes: on a shared machine a burst of load can inflate several probes' times
 at once (seen here: the dense probe predicted 33% off, probes that removed structures timed up to 60% slower than
-the dense model), and such a fit prices structures by the load, not by what they cost. Where the largest relative
-error over the probes exceeds ``workload.fit_tolerance`` the probes are timed again, up to ``workload.fit_attempts``
-timings in all, and each fit is made from every timing so far: per probe, the median over the timings (one loaded
-timing among three is outvoted; each timing is itself the median of ``workload.repeats`` interleaved calls). A fit
-that still misses its probes after the last timing is refused (``LatencyFitError``, one line): a plan priced by the
-load would differ from run to run.
+the dense model), and such a fit prices structures by the load, not by what they cost; and a fit of one timing
+prices the kinds by its calls' noise (docs/gates.md 0c). Where the largest relative error over the probes exceeds
+``workload.aim`` (``keep_tolerance``, 5%: a table's standard) the probes are timed again, up to
+``workload.fit_attempts`` timings in all, and each fit is made from every timing so far: per probe, the median over
+the timings (one loaded timing among three is outvoted; each timing is itself the median of ``workload.repeats``
+interleaved calls). A fit that still misses its probes by more than ``workload.fit_tolerance`` after the last
+timing is refused (``LatencyFitError``, one line): a plan priced by the load would differ from run to run. One
+between the two is returned; the caller does not keep it for later runs (``costs.build``).
 
 The timer is a parameter: ``timer(models, workload) -> [seconds]`` (``timers``), so a test can inject a fake one.
 """
@@ -125,9 +127,9 @@ class LatencyFitError(RunFailed):
 
 def fit_latency(model: nn.Module, workload: Workload, timer) -> tuple[LinearCost, list[dict]]:
     """Time the probes of ``model`` with ``timer`` and fit to the per-probe median of every timing so far, timing
-    them again while the fit misses its own probes by more than ``workload.fit_tolerance``; returns the cost and one
-    row per probe (name, structures, the seconds fitted to, each timing's seconds, predicted). ``LatencyFitError``
-    when the last of ``workload.fit_attempts`` timings still misses."""
+    them again while the fit misses its own probes by more than ``workload.aim``; returns the cost and one row per
+    probe (name, structures, the seconds fitted to, each timing's seconds, predicted). ``LatencyFitError`` when the
+    last of ``workload.fit_attempts`` timings still misses by more than ``workload.fit_tolerance``."""
     probes = probe_models(model, workload.probe_fractions)
     rows = [features(m) for _, m in probes]
     timings = []  # (attempts, J): one timing of every probe per attempt
@@ -142,11 +144,13 @@ def fit_latency(model: nn.Module, workload: Workload, timer) -> tuple[LinearCost
         table = [{"probe": name, "structures": row, "seconds": float(s), "timings": [t[j] for t in timings],
                   "predicted": cost.of(m)} for j, ((name, m), row, s) in enumerate(zip(probes, rows, pooled))]
         error = fit_error(table)
-        if error <= workload.fit_tolerance:
+        if error <= workload.aim:
             return cost, table
         worst = max(table, key=_error)["probe"]
         if attempt < workload.fit_attempts:
-            print(f"note: the latency fit misses its probe {worst!r} by {error:.0%} (pruning.workload.fit_tolerance="
-                  f"{workload.fit_tolerance:g}; a busy machine?): timing the probes again ({attempt + 1} of "
-                  f"{workload.fit_attempts}), fitting the median of every timing")
+            print(f"note: the latency fit misses its probe {worst!r} by {error:.1%} ({workload.aim_setting}): "
+                  f"timing the probes again ({attempt + 1} of {workload.fit_attempts}), fitting the median of every "
+                  "timing")
+    if error <= workload.fit_tolerance:
+        return cost, table
     raise LatencyFitError(worst, error, workload.fit_attempts, workload.fit_tolerance)
