@@ -220,6 +220,7 @@ def test_a_fit_between_the_keep_and_fit_tolerances_prices_its_run_alone(bart3, t
     refused = lambda *a: pytest.fail("a fork reuses its checkpoint's fit")  # noqa: E731
     again, forked = latency_cost(bart3, WORKLOAD, [tmp_path / "fork", tmp_path / "run1"], refused)
     assert forked["source"] == "cache" and again == cost
+    assert not (machine_cache / "latency").exists() or not list((machine_cache / "latency").iterdir())  # nor now
     exact = fake_timer()
     _, other = latency_cost(bart3, WORKLOAD, [tmp_path / "run2"], exact)
     assert other["source"] == "measured" and exact.calls == [15]

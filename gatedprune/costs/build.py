@@ -33,8 +33,7 @@ from gatedprune.shipping.export import dense_copy  # the gated model without its
 ONE_PLAN = ("note: this latency fit prices every later run of this model's shapes and workload on this machine "
             "({path}; delete it to time the probes again), so they ship one plan. Another machine times its own, "
             "which prices the kinds otherwise. For one plan on every machine, measure a table once "
-            "(gatedprune-latency MODEL_DIR TABLE.json --fit-tolerance 0.05 --fit-attempts 15) and give it to every "
-            "run (pruning.workload.table=TABLE.json)")
+            "(gatedprune-latency MODEL_DIR TABLE.json) and give it to every run (pruning.workload.table=TABLE.json)")
 NOISY = ("note: after {timings} timings this latency fit still misses its probes by {error:.1%}, more than "
          "{setting}: it prices this run (and forks of its checkpoint) but is not kept "
          "for later runs on this machine, which time their own and can ship another plan. For one plan every run, "
@@ -42,8 +41,8 @@ NOISY = ("note: after {timings} timings this latency fit still misses its probes
          "(pruning.workload.table=TABLE.json)")
 NOT_KEPT = ("note: a latency fit timed here prices each kind by this run's timings, and it could not be kept for "
             "the next run ({error}): another run's fit on a shared machine prices the kinds otherwise and can ship "
-            "another plan. For one plan every run, measure a table once (gatedprune-latency MODEL_DIR TABLE.json "
-            "--fit-tolerance 0.05 --fit-attempts 15) and give it to every run (pruning.workload.table=TABLE.json)")
+            "another plan. For one plan every run, measure a table once (gatedprune-latency MODEL_DIR TABLE.json) and "
+            "give it to every run (pruning.workload.table=TABLE.json)")
 
 
 def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = (), timer=None) -> tuple[LinearCost, dict]:
@@ -67,7 +66,7 @@ def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = 
             # machine's cache (later runs of this key here)
             if not any(p.is_file() for p in beside):
                 _save_first(beside, wanted, cost, probes)
-            if directory != machine and not (machine / name).is_file():
+            if directory != machine and not (machine / name).is_file() and _keeps(probes, workload):
                 _save(machine / name, wanted, cost, probes)
             where = "timed earlier on this machine" if directory == machine else "kept beside the checkpoint"
             print(f"latency fit: {path}, {where} ({device}); delete it to time the probes again")
@@ -80,7 +79,7 @@ def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = 
     print(f"latency fit: {1000 * cost.base:.2f} ms per call plus each structure's cost; its largest error over its "
           f"{len(probes)} probes {info['fit_error']:.1%}")
     kept = _save_first(beside, wanted, cost, probes)  # forks of this checkpoint are priced alike, whatever its error
-    if info["fit_error"] > workload.aim:  # a fit of the noise: not for every later run here
+    if not _keeps(probes, workload):  # a fit of the noise: not for every later run here
         print(NOISY.format(timings=len(probes[0]["timings"]), error=info["fit_error"], setting=workload.aim_setting))
         info["path"] = str(kept) if kept else None
         return cost, info
@@ -88,6 +87,12 @@ def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = 
     print(NOT_KEPT.format(error=error) if error else ONE_PLAN.format(path=machine / name))
     info["path"] = str(kept) if kept else (None if error else str(machine / name))
     return cost, info
+
+
+def _keeps(probes: list[dict], workload: Workload) -> bool:
+    """Whether a fit is good enough for the machine's cache: within ``workload.aim`` of its probes (a file that keeps
+    none, a table written elsewhere, is taken as it is)."""
+    return not probes or latency.fit_error(probes) <= workload.aim
 
 
 def _cached(path: Path, wanted: dict, workload: Workload, in_machine: bool):
@@ -105,9 +110,8 @@ def _cached(path: Path, wanted: dict, workload: Workload, in_machine: bool):
         return None
     if saved != wanted:
         return None
-    error = latency.fit_error(probes) if in_machine and probes else 0.0
-    if error > workload.aim:
-        print(f"note: the latency fit {path} misses its probes by up to {error:.1%}, above "
+    if in_machine and not _keeps(probes, workload):
+        print(f"note: the latency fit {path} misses its probes by up to {latency.fit_error(probes):.1%}, above "
               f"{workload.aim_setting}; timing the probes again")
         return None
     return cost, probes, saved["device"]
