@@ -1,8 +1,9 @@
 """Issue 38, item 4: does the latency fit predict what is measured, in each runtime and batch?
 
 One latency fit of the kept teacher per runtime and batch the recovery grid times (``generate()`` and CTranslate2
-int8, batch 1 and 32: ``gatedprune.costs.latency.fit_latency`` as ``gatedprune-latency`` makes it, one thread, each
-probe the median of ``REPEATS`` interleaved calls), then, for every model the recovery tables ship (one per timed
+int8, batch 1 and 32: ``gatedprune.costs.latency.fit_latency`` as ``gatedprune-latency`` made it until 2026-12-07
+(timed again beyond 20%, three timings at most, unless ``--fit-tolerance`` / ``--fit-attempts`` say otherwise), one
+thread, each probe the median of ``REPEATS`` interleaved calls), then, for every model the recovery tables ship (one per timed
 shape, ``speed_timed_on`` in docs/benchmarks/recovery/), the speed-up each fit predicts (the teacher's predicted time
 over the model's) beside the speed-up ``recovery.py measure`` measured in that runtime and batch (the median of five
 interleaved repeats against the teacher, in one process), and the noise floor (a copy of the teacher).

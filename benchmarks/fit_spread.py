@@ -6,8 +6,9 @@ two plans differed in 3,669 structures). This script asks how much of that is th
 the default's fit (``gatedprune.costs.latency``, the teacher, ``Workload()``: batch 1, 32 + 32 tokens, one thread,
 each probe the median of three interleaved calls) ``--timings`` times, first while a second process spins on one core
 (``plan_repro.busy_core``), then alone, and keeps every timing. ``table`` then replays them through
-``fit_latency`` itself, three timings per run as its retries take them (a run fits the first, then the median of the
-first two, then of all three, and stops at the first within ``fit_tolerance``, or refuses), and reports each kind's
+``fit_latency`` itself, three timings per run as its retries took them until 2026-12-07 (a run fitted the first, then
+the median of the first two, then of all three, and stopped at the first within 20%, or refused; since then a run
+times to 5%, up to 15 timings, which the "5% tolerance" replay is), and reports each kind's
 share of the dense latency, c_k * n_k / (base + sum_j c_j * n_j), from lowest to highest over the runs, beside the
 same from each timing fitted alone. A kind whose share moves by as much as it is has no price the gates can rely on.
 

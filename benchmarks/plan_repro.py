@@ -193,7 +193,8 @@ def speed(results: Path, runs: Path, load_teacher, timer=None, repeats: int = SP
     default workload's ``generate()``, CPU time, one thread; ``timer``: the fit's, default ``torch_timer``), in turn,
     the median of ``repeats`` calls each. Beside each measured speed-up (the teacher's time over the export's), the one
     its own fit predicted (the run's record) and the one the kept table predicts. Written to
-    ``speed_<protocol>.json`` in ``results``; a pair sharing one plan is timed once (its first run)."""
+    ``speed_<protocol>.json`` in ``results``. Each plan is timed once, and each pair has a row per plan (one where its
+    two runs ship the same), priced by that row's own fit."""
     from gatedprune.costs import table as latency_table
     from gatedprune.costs.timers import torch_timer
     from gatedprune.surgery.model_loading import load_seq2seq
@@ -201,30 +202,30 @@ def speed(results: Path, runs: Path, load_teacher, timer=None, repeats: int = SP
 
     workload = Workload(repeats=repeats)
     _, kept_fit, _ = latency_table.read(recovery.TABLE)
-    names, plans = [], []
+    found = []  # each pair's records, one per plan it ships (a refused run has none)
     for fit in FITS:
+        pair = []
         for load in LOADS:
-            name = name_of(protocol, fit, load)
-            path = results / f"{name}.json"
-            if not path.is_file() or not (runs / name / "pruned").is_dir():
-                continue
-            record = json.loads(path.read_text())
-            if "plan" in record and record["plan"] not in plans:  # the same plan is the same model to time
-                names.append(name)
-                plans.append(record["plan"])
-    if not names:
+            path = results / f"{name_of(protocol, fit, load)}.json"
+            record = json.loads(path.read_text()) if path.is_file() else {}
+            if "plan" in record and all(r["plan"] != record["plan"] for r in pair):
+                pair.append(record)
+        found += pair
+    timed = []  # (name, plan): one export per plan, the same plan being the same model to time
+    for record in found:
+        if all(plan != record["plan"] for _, plan in timed) and (runs / record["name"] / "pruned").is_dir():
+            timed.append((record["name"], record["plan"]))
+    shown = [(record, i) for record in found for i, (_, plan) in enumerate(timed) if plan == record["plan"]]
+    if not timed:
         raise SystemExit(f"speed: no export of a recorded {protocol} run in {runs}")
     teacher = load_teacher().float().eval()
     models = [teacher, load_teacher().float().eval(),
-              *(load_seq2seq(runs / n / "pruned").float().eval() for n in names)]
-    print(f"timing the teacher, a copy of it and {len(names)} exports in turn, {repeats} calls each")
+              *(load_seq2seq(runs / name / "pruned").float().eval() for name, _ in timed)]
+    print(f"timing the teacher, a copy of it and {len(timed)} exports in turn, {repeats} calls each")
     seconds = (timer or torch_timer)(models, workload)
-    rows = []
-    for name, model, t in zip(names, models[2:], seconds[2:]):
-        record = json.loads((results / f"{name}.json").read_text())
-        rows.append({"name": name, "fit": record["fit"], "fit_error": record["costs"]["fit_error"],
-                     "measured": seconds[0] / t, "own_fit": record["predicted"]["speed_up"],
-                     "kept_table": kept_fit.of(teacher) / kept_fit.of(model)})
+    rows = [{"name": record["name"], "fit": record["fit"], "fit_error": record["costs"]["fit_error"],
+             "measured": seconds[0] / seconds[2 + i], "own_fit": record["predicted"]["speed_up"],
+             "kept_table": kept_fit.of(teacher) / kept_fit.of(models[2 + i])} for record, i in shown]
     out = {"protocol": protocol, "machine": machine(), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "workload": workload.decoding(), "noise_floor": seconds[0] / seconds[1], "teacher_s": seconds[0],
            "rows": rows, "command": f".venv/bin/python benchmarks/plan_repro.py speed --runs RUNS/repro "

@@ -692,6 +692,11 @@ def test_gatedprune_latency_refuses_a_loaded_fit_naming_its_own_flags(bart3, tmp
     assert len(err) == 1 and err[0].startswith("error: the latency fit misses its probe ")
     assert "after 2 timings of its probes (--fit-tolerance=0.05)" in err[0] and "(--fit-attempts)" in err[0]
     assert "pruning.workload" not in err[0] and not out.exists()
+    # the same timings with a tolerance of 20% asked for: the first fit within it is written, nothing timed again
+    timer = _loaded([1.15, 1.15])
+    monkeypatch.setitem(timers.TIMERS, "torch", timer)
+    assert latency_command([str(tmp_path / "model"), str(out), "--repeats", "1", "--fit-tolerance", "0.2"]) == 0
+    assert len(timer.calls) == 1 and 0.05 < latency.fit_error(table.read(out)[2]) <= 0.2
 
 
 def test_a_cached_fit_that_misses_its_probes_is_reused_with_a_warning(bart3, tmp_path, capsys):

@@ -928,6 +928,9 @@ def test_the_speed_stage_times_each_plan_once_beside_the_teacher_and_both_predic
                 model.save_pretrained(runs / name / "pruned")
     (results / f"{bench.name_of('first_layers', 'measured_5pct', 'busy')}.json").write_text(
         json.dumps({"refused": "error: ..."}))  # a refused run has no plan and no export
+    once = bench.name_of("first_layers", "measured_once", "busy")  # another fit, the table's plan, its export gone
+    (results / f"{once}.json").write_text(json.dumps({"name": once, "fit": "measured_once", "plan": plans["table"][0],
+                                                      "costs": {"fit_error": 0.04}, "predicted": {"speed_up": 1.4}}))
     calls = []
 
     def timer(models, workload):
@@ -936,9 +939,12 @@ def test_the_speed_stage_times_each_plan_once_beside_the_teacher_and_both_predic
         return fake_timer(models, workload)
 
     out = bench.speed(results, runs, lambda: copy.deepcopy(teacher), timer)
-    # the teacher, its copy, the measured pair's busy export and the table pair's plan once (both runs ship it)
-    assert calls == [4] and [r["name"] for r in out["rows"]] == ["first_layers_widths_measured_busy",
+    # the teacher, its copy, the measured pair's busy export and the table's plan once (both of its runs and the
+    # measured_once run ship it); a row per pair and plan, each with its own fit's prediction
+    assert calls == [4] and [r["name"] for r in out["rows"]] == ["first_layers_widths_measured_busy", once,
                                                                    "first_layers_widths_table_busy"]
+    assert [r["own_fit"] for r in out["rows"]] == [1.0, 1.4, 1.5]
+    assert out["rows"][1]["measured"] == out["rows"][2]["measured"] and out["rows"][1]["fit_error"] == 0.04
     seconds = {n: FAKE_BASE + sum(FAKE_COSTS[k] * c for k, c in bart_structures(m).items())
                for n, m in (("teacher", teacher), ("smaller", smaller))}
     _, kept, _ = latency_table.read(bench.recovery.TABLE)
@@ -947,7 +953,7 @@ def test_the_speed_stage_times_each_plan_once_beside_the_teacher_and_both_predic
         counts = bart_structures(model)
         return kept.base + sum(c * counts[k] for k, c in kept.coefficients.items())
 
-    row = out["rows"][1]
+    row = out["rows"][2]
     assert row["measured"] == pytest.approx(seconds["teacher"] / seconds["smaller"]) and row["own_fit"] == 1.5
     assert row["kept_table"] == pytest.approx(by_table(teacher) / by_table(smaller)) and row["kept_table"] > 1
     assert out["rows"][0]["measured"] == pytest.approx(1.0) and out["noise_floor"] == pytest.approx(1.0)

@@ -7,8 +7,8 @@ the first of ``cache_dirs`` that can be written and in the machine's cache: fork
 and so does a machine, for each model shape and workload. Two runs that each timed their own fit would price the
 kinds by their timings and could ship two plans (docs/gates.md 0c); a run started after another's set-up here is
 priced by that one's fit (two started at once each time their own). A fit found beside a checkpoint comes first and
-is kept in the machine's cache where it has none; one found in the machine's cache is kept beside the checkpoint,
-for its forks and resumes. The machine's cache holds fits to a table's standard: a fit timed here goes into it only
+is kept in the machine's cache where it has none (if it meets ``keep_tolerance``); one found in the machine's cache
+is kept beside the checkpoint, for its forks and resumes. The machine's cache holds fits to a table's standard: a fit timed here goes into it only
 when it meets its probes within ``keep_tolerance`` (one that only met ``fit_tolerance`` after its last timing
 prices this run and its forks), and it times again a file it cannot read, or a fit that misses its probes by more
 than this run's ``keep_tolerance``.
@@ -35,7 +35,7 @@ ONE_PLAN = ("note: this latency fit prices every later run of this model's shape
             "which prices the kinds otherwise. For one plan on every machine, measure a table once "
             "(gatedprune-latency MODEL_DIR TABLE.json) and give it to every run (pruning.workload.table=TABLE.json)")
 NOISY = ("note: after {timings} timings this latency fit still misses its probes by {error:.1%}, more than "
-         "{setting}: it prices this run (and forks of its checkpoint) but is not kept "
+         "{setting}: it prices this run{forks} but is not kept "
          "for later runs on this machine, which time their own and can ship another plan. For one plan every run, "
          "time a table on a quieter machine (gatedprune-latency MODEL_DIR TABLE.json) and give it to every run "
          "(pruning.workload.table=TABLE.json)")
@@ -80,7 +80,8 @@ def latency_cost(model: nn.Module, workload: Workload, cache_dirs: list[Path] = 
           f"{len(probes)} probes {info['fit_error']:.1%}")
     kept = _save_first(beside, wanted, cost, probes)  # forks of this checkpoint are priced alike, whatever its error
     if not _keeps(probes, workload):  # a fit of the noise: not for every later run here
-        print(NOISY.format(timings=len(probes[0]["timings"]), error=info["fit_error"], setting=workload.aim_setting))
+        print(NOISY.format(timings=len(probes[0]["timings"]), error=info["fit_error"], setting=workload.aim_setting,
+                           forks=" (and forks of its checkpoint)" if kept else ""))
         info["path"] = str(kept) if kept else None
         return cost, info
     error = _save(machine / name, wanted, cost, probes)

@@ -72,7 +72,7 @@ class Workload:
     @property
     def aim_setting(self) -> str:
         """The option ``aim`` is, as a run sets it."""
-        name = "keep_tolerance" if self.keep_tolerance <= self.fit_tolerance else "fit_tolerance"
+        name = "keep_tolerance" if self.keep_tolerance < self.fit_tolerance else "fit_tolerance"
         return f"pruning.workload.{name}={self.aim:g}"
 
     def decoding(self) -> dict:
