@@ -187,13 +187,13 @@ SPEED_REPEATS = 15  # interleaved calls per model (median): this machine's calls
 
 
 def speed(results: Path, runs: Path, load_teacher, timer=None, repeats: int = SPEED_REPEATS,
-          protocol: str = "first_layers") -> dict:
+          protocol: str = "first_layers", name: str | None = None) -> dict:
     """Which fit predicts this machine? Every recorded run of ``protocol`` whose export is still in ``runs``, the
     teacher and a copy of it (the noise floor), timed in one process as the latency fit times its probes (the
     default workload's ``generate()``, CPU time, one thread; ``timer``: the fit's, default ``torch_timer``), in turn,
     the median of ``repeats`` calls each. Beside each measured speed-up (the teacher's time over the export's), the one
     its own fit predicted (the run's record) and the one the kept table predicts. Written to
-    ``speed_<protocol>.json`` in ``results``. Each plan is timed once, and each pair has a row per plan (one where its
+    ``name`` (default ``speed_<protocol>.json``: a repeat gets a name of its own) in ``results``. Each plan is timed once, and each pair has a row per plan (one where its
     two runs ship the same), priced by that row's own fit."""
     from gatedprune.costs import table as latency_table
     from gatedprune.costs.timers import torch_timer
@@ -229,8 +229,8 @@ def speed(results: Path, runs: Path, load_teacher, timer=None, repeats: int = SP
     out = {"protocol": protocol, "machine": machine(), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "workload": workload.decoding(), "noise_floor": seconds[0] / seconds[1], "teacher_s": seconds[0],
            "rows": rows, "command": f".venv/bin/python benchmarks/plan_repro.py speed --runs RUNS/repro "
-                                    f"--protocol {protocol}"}
-    (results / f"speed_{protocol}.json").write_text(json.dumps(out, indent=2) + "\n")
+                                    f"--protocol {protocol}" + (f" --name {name}" if name else "")}
+    (results / (name or f"speed_{protocol}.json")).write_text(json.dumps(out, indent=2) + "\n")
     return out
 
 
@@ -290,10 +290,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--fit", choices=list(FITS), default=None, help="one pair (default: each)")
     parser.add_argument("--load", choices=list(LOADS), default=None, help="recover: which run of the pair")
+    parser.add_argument("--name", default=None,
+                        help="speed: the record's file name (default speed_<protocol>.json; a repeat's own)")
     parser.add_argument("--protocol", choices=list(PROTOCOLS), default="first_layers",
                         help="today's default run's (first_layers), the one of 2026-12-06 (first_layers_late) or the one "
                              "before both (preset)")
     args_ = parser.parse_args(argv)
+    if args_.name is not None and not (args_.stage == "speed" and args_.name.startswith("speed_")
+                                       and args_.name.endswith(".json") and "/" not in args_.name):
+        parser.error(f"--name {args_.name}; allowed: with the speed stage, a file name speed_*.json")
     if args_.stage == "recover":
         if not (args_.fit and args_.load):
             parser.error("recover takes one run: --fit and --load")
@@ -305,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             recover_one(name, args_.runs.resolve(), args_.results)
     if args_.stage == "speed":
-        speed(args_.results, args_.runs.resolve(), recovery._kept_teacher()[0], protocol=args_.protocol)
+        speed(args_.results, args_.runs.resolve(), recovery._kept_teacher()[0], protocol=args_.protocol,
+              name=args_.name)
     if args_.stage == "run":
         for fit in [args_.fit] if args_.fit else FITS:
             for load in LOADS:
@@ -328,11 +334,11 @@ def main(argv: list[str] | None = None) -> int:
                  "2026-12-06; measured_once_5pct: the same timed to 5% before it is kept, since 2026-12-07), or the "
                  "kept table (table).",
                  table(args_.results) + "".join(
-                     f"\n\nspeed_{p}.json ({r['when']}, {r['machine']}: `{r['command']}`): each export timed as the "
+                     f"\n\n{path.name} ({r['when']}, {r['machine']}: `{r['command']}`): each export timed as the "
                      "latency fit times its probes, beside the teacher, the median of "
                      f"{r['workload']['repeats']} interleaved calls\n\n" + speed_table(r)
-                     for p in PROTOCOLS if (args_.results / f"speed_{p}.json").is_file()
-                     for r in [json.loads((args_.results / f"speed_{p}.json").read_text())]))
+                     for path in sorted(args_.results.glob("speed_*.json"))
+                     for r in [json.loads(path.read_text())]))
     return 0
 
 

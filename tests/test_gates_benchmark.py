@@ -963,3 +963,14 @@ def test_the_speed_stage_times_each_plan_once_beside_the_teacher_and_both_predic
             f"({100 * (1.5 / row['measured'] - 1):+.0f}%) |") in text
     with pytest.raises(SystemExit, match="speed: no export of a recorded first_layers run in"):
         bench.speed(results, tmp_path / "elsewhere", lambda: teacher, timer)
+    # a repeat keeps its own record, its command naming it
+    again = bench.speed(results, runs, lambda: copy.deepcopy(teacher), timer, name="speed_first_layers_b.json")
+    assert again["command"].endswith("--protocol first_layers --name speed_first_layers_b.json")
+    assert json.loads((results / "speed_first_layers_b.json").read_text()) == again
+    for bad in (["table", "--name", "speed_x.json"], ["speed", "--name", "../speed_x.json"],
+                ["speed", "--name", "x.json"]):
+        with pytest.raises(SystemExit) as caught:
+            bench.main([*bad, "--results", str(results)])
+        assert caught.value.code == 2
+    assert f"error: --name {bad[-1]}; allowed: with the speed stage, a file name speed_*.json" in \
+        capsys.readouterr().err
