@@ -379,6 +379,101 @@ def test_today_s_default_with_a_measured_fit_is_as_the_page_says():
     assert all(len(p["timings"]) == 1 for x in (once[0], busy, quiet) for p in x["probes"])
 
 
+def _teacher_prices():
+    """(the kept table's cost of a kept-counts mapping as a fraction of the dense teacher's) from the teacher's config
+    and the table pair's record: the price the page gives each plan."""
+    from gatedprune.teacher import TEACHER_DIR
+
+    bench = load_benchmark("plan_repro")
+    config = json.loads((Path(TEACHER_DIR) / "config.json").read_text())
+    prices = json.loads((bench.RESULTS / "first_layers_widths_table_busy.json").read_text())["costs"]
+    e, d = config["encoder_layers"], config["decoder_layers"]
+    dense = {"encoder": e * config["encoder_attention_heads"], "decoder": d * config["decoder_attention_heads"],
+             "cross": d * config["decoder_attention_heads"], "encoder_ffn": e * config["encoder_ffn_dim"],
+             "decoder_ffn": d * config["decoder_ffn_dim"], "encoder_layer": e, "decoder_layer": d}
+
+    def cost(kept):
+        return ((prices["base"] + sum(c * kept[k] for k, c in prices["coefficients"].items()))
+                / (prices["base"] + sum(c * dense[k] for k, c in prices["coefficients"].items())))
+
+    return cost
+
+
+def test_a_fit_kept_at_5pct_and_which_fit_predicts_this_machine_are_as_the_page_says():
+    """docs/gates.md 0c (2026-12-07): the pair with the fit kept for later runs at 5% ships one plan, as the page
+    counts it, and recovers as it says; the speed stage's table is the page's, and its sentences are the record's."""
+    bench = load_benchmark("plan_repro")
+    page = " ".join((bench.ROOT / "docs" / "gates.md").read_text().split())
+    busy, quiet = (json.loads((bench.RESULTS / f"first_layers_widths_measured_once_5pct_{load}.json").read_text())
+                   for load in bench.LOADS)
+    assert (busy["costs"]["source"], quiet["costs"]["source"]) == ("measured", "cache")
+    assert busy["costs"]["coefficients"] == quiet["costs"]["coefficients"]
+    assert "/caches/first_layers_widths_measured_once_5pct/latency/" in quiet["costs"]["path"]
+    assert all("pruning.workload.keep_tolerance=0.05 pruning.workload.fit_attempts=15" in r["command"]
+               and "pruning.workload.table=null" in r["command"] for r in (busy, quiet))
+    assert bench.plan_difference(busy["plan"], quiet["plan"]) == 0 and busy["costs"]["fit_error"] <= 0.05
+    timings = len(busy["probes"][0]["timings"])
+    assert timings == 1 and (f"Its first timing met its probes within {busy['costs']['fit_error']:.1%}, so it took "
+                             "no retry") in page
+    k, c = busy["kept"], busy["costs"]["coefficients"]
+    table = json.loads((bench.RESULTS / "first_layers_widths_table_busy.json").read_text())
+    t, tk = table["costs"]["coefficients"], table["kept"]
+    assert [k[x] for x in ("encoder", "decoder", "cross")] == [tk[x] for x in ("encoder", "decoder", "cross")]
+    cost = _teacher_prices()
+    assert (f"The plan keeps the kept table's heads to the count ({k['encoder']} encoder, {k['decoder']} decoder, "
+            f"{k['cross']} cross heads), {k['encoder_ffn']:,} encoder and {k['decoder_ffn']:,} decoder FFN units (the "
+            f"kept table's plan: {tk['encoder_ffn']:,} and {tk['decoder_ffn']:,})") in page
+    assert (f"(an encoder unit {1e6 * c['encoder_ffn']:.2f} us, a decoder unit {1e6 * c['decoder_ffn']:.2f} us; the "
+            f"table {1e6 * t['encoder_ffn']:.2f} and {1e6 * t['decoder_ffn']:.2f}), so at "
+            f"{busy['budget']['latency']['expected_kept']:.3f} of its own fit the plan is {cost(k):.3f} of the dense "
+            "latency by the table's prices") in page
+    grid = {start: json.loads((bench.recovery.RESULTS / name).read_text()) for start, name in (
+        ("table", f"{bench.RECOVERED_AS}.json"), ("random", "curve_random_0.67_s1234_2000_lr0.002.json"),
+        ("even", "curve_even_layers_0.67_s1234_2000_lr0.002.json"))}
+    after = busy["recovered"]["test_bleu"]
+    random_bleu, even_bleu = (grid[x]["test_bleu_at"]["1000"] for x in ("random", "even"))
+    table_bleu = grid["table"]["shipped_test_bleu"]
+    assert busy["recovered"]["as"] == bench.RECOVERED_AS and busy["recovered"]["shipped_step"] == 1000
+    assert (f"It scores {busy['bleu']['validation']:.2f} validation BLEU as exported and, recovered as the grid "
+            f"recovers this protocol at this seed (`plan_repro.py recover --fit measured_once_5pct --load busy`), "
+            f"{after:.2f} test BLEU after 1,000 steps: above random structures ({random_bleu:.2f}) and even layers "
+            f"({even_bleu:.2f}) at this seed, {table_bleu - after:.2f} below the kept table's plan "
+            f"({table_bleu:.2f})") in page
+    assert random_bleu < even_bleu < after < table_bleu
+    # the page's table of both pairs timed to 5%: each run's fit, plan, price by the kept table, scores
+    labels = {"measured_once_5pct": "to 5%, kept in the machine's cache", "measured_5pct": "to 5%, each run its own"}
+    loads = {("measured_once_5pct", "busy"): "busy: timed it", ("measured_once_5pct", "quiet"): "quiet: reused it"}
+    for fit in labels:
+        pair = [json.loads((bench.RESULTS / f"first_layers_widths_{fit}_{load}.json").read_text())
+                for load in bench.LOADS]
+        for r in pair:
+            c, k = r["costs"], r["kept"]
+            assert c["fit_error"] <= 0.05 and abs(r["budget"]["latency"]["expected_kept"] - 0.67) < 5e-4
+            recovered = f"{r['recovered']['test_bleu']:.2f}" if "recovered" in r else "-"
+            row = (f"| {labels[fit]} | {loads.get((fit, r['load']), r['load'])} | {len(r['probes'][0]['timings'])} | "
+                   f"{c['fit_error']:.1%} | {1e3 * c['base']:.1f} | {1e3 * c['coefficients']['decoder_layer']:.2f} | "
+                   f"{1e3 * c['coefficients']['encoder']:.2f} | {1e3 * c['coefficients']['cross']:.2f} | "
+                   f"{1e6 * c['coefficients']['encoder_ffn']:.2f} | {1e6 * c['coefficients']['decoder_ffn']:.2f} | "
+                   f"{k['encoder'] + k['decoder'] + k['cross']} | {k['encoder_ffn']:,} + {k['decoder_ffn']:,} | "
+                   f"{cost(k):.3f} | {r['bleu']['validation']:.2f} | {recovered} | "
+                   f"{bench.plan_difference(pair[0]['plan'], pair[1]['plan']):,} |")
+            assert row in page, row
+    own = [json.loads((bench.RESULTS / f"first_layers_widths_measured_5pct_{load}.json").read_text())
+           for load in bench.LOADS]
+    apart = bench.plan_difference(own[0]["plan"], own[1]["plan"])
+    assert apart > 0 and f"Two runs that each time their own fit to 5% still ship two plans**, {apart:,} " in page
+    assert all(r["costs"]["source"] == "measured" and "fit_tolerance=0.05" in r["command"] for r in own)
+    # the speed stage: its table is on the page, and what the page says of it is the record's
+    for name in ("speed_first_layers.json", "speed_first_layers_b.json"):
+        speed = json.loads((bench.RESULTS / name).read_text())
+        assert bench.speed_table(speed) in (bench.ROOT / "docs" / "gates.md").read_text()
+        table_off = [abs(r["kept_table"] / r["measured"] - 1) for r in speed["rows"]]
+        own_off = [r["own_fit"] / r["measured"] - 1 for r in speed["rows"]]
+        assert all(abs(r["own_fit"] - speed["rows"][0]["own_fit"]) < 0.005 for r in speed["rows"])
+        assert f"within {100 * max(table_off):.0f}% of its measured speed-up" in page, name
+        assert f"off by {100 * min(own_off):+.0f}% to {100 * max(own_off):+.0f}%" in page, name
+
+
 def test_the_plan_pairs_of_the_default_of_2026_12_06_are_the_committed_records(tmp_path):
     """docs/gates.md 0c and the README: the default of 2026-12-06, priced by the teacher's kept table, shipped one plan
     busy and quiet; with a fit measured at set-up its two plans differed, by the count the page gives."""
