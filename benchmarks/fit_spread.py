@@ -156,7 +156,7 @@ def table(model, results: Path, kept: Path | None = LATENCY_TABLE, singles: bool
 
 INTRO = ("Each kind's share of the dense model's predicted latency (c_k * n_k / total, in per cent), lowest-highest "
          "over the fits made from one record's timings: \"a run\" replays `fit_latency` on three consecutive timings "
-         "as its retries take them, \"one timing\" fits each timing alone, \"every timing\" fits the per-probe median "
+         "as a run's retries took them until 2026-12-07 (20%), \"one timing\" fits each timing alone, \"every timing\" fits the per-probe median "
          "of all of them, \"5% tolerance\" replays `fit_latency` on all of them with `fit_tolerance` 0.05 (the median "
          "of every timing so far, until it misses its probes by 5% at most). The kept teacher, `Workload()` (batch 1, "
          "32 + 32 tokens, one thread, three interleaved calls per probe); busy: a second process spinning on one core.")
