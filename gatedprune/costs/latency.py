@@ -14,7 +14,7 @@ then linear in their nested P(open) (``linear.StructureCosts``), as the budget n
 A fit is checked against its own probes: on a shared machine a burst of load can inflate several probes' times
 at once (seen here: the dense probe predicted 33% off, probes that removed structures timed up to 60% slower than
 the dense model), and such a fit prices structures by the load, not by what they cost; and a fit of one timing
-prices the kinds by its calls' noise (docs/gates.md 0c). Where the largest relative error over the probes exceeds
+can price the kinds by its calls' noise (docs/gates.md 0c). Where the largest relative error over the probes exceeds
 ``workload.aim`` (``keep_tolerance``, 5%: a table's standard) the probes are timed again, up to
 ``workload.fit_attempts`` timings in all, and each fit is made from every timing so far: per probe, the median over
 the timings (one loaded timing among three is outvoted; each timing is itself the median of ``workload.repeats``

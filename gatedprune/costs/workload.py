@@ -30,7 +30,7 @@ class Workload:
     probe_fractions: tuple = (0.5, 0.0)  # each kind shrunk to these fractions of its structures, one copy each
     # the probes are timed again while the fit misses one of them by more than keep_tolerance, up to fit_attempts
     # timings in all. A fit within keep_tolerance is kept in the machine's cache and prices every later run here: the
-    # standard of a table (gatedprune-latency), as a fit of one timing at 20% is a fit of its noise on a shared
+    # standard of a table (gatedprune-latency), as a fit of one timing at 20% can be a fit of its noise on a shared
     # machine (docs/gates.md 0c: the kinds' shares moved 0-49% between such fits; fits at 5.6% and 10% gave plans 4
     # and 2 BLEU below random structures). One that only meets fit_tolerance after the last timing prices this run
     # (and forks of its checkpoint) alone; beyond fit_tolerance it is refused: a burst of load gave 24-33% in default runs
