@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import recovery  # noqa: E402
-from common import ROOT, machine  # noqa: E402
+from common import FIT_UNTIL_2026_12_07, ROOT, machine  # noqa: E402
 
 from gatedprune.utils import atomic_write_text, markdown_table  # noqa: E402
 
@@ -65,11 +65,12 @@ def fits(results: Path, load_teacher, repeats: int = REPEATS, source_tokens: int
         if out.is_file():
             print(f"{key}: kept ({out})")
             continue
-        # timed as these fits were from the first (until one meets its probes within fit_tolerance, 20% and three
-        # timings unless refit says otherwise), not to a run's default keep_tolerance
-        timing = {"fit_tolerance": 0.2, "fit_attempts": 3, **refit}
+        # timed as these fits were from the first (until one meets its probes within fit_tolerance), not to a
+        # run's default keep_tolerance
+        timing = {**FIT_UNTIL_2026_12_07, **refit}
+        timing["keep_tolerance"] = timing["fit_tolerance"]
         workload = Workload(source_tokens=source_tokens, target_tokens=target_tokens, threads=1, repeats=repeats,
-                            **settings, **timing, keep_tolerance=timing["fit_tolerance"])
+                            **settings, **timing)
         model = load_teacher().float().eval()
         cost, probes = fit_latency(model, workload, TIMERS[workload.runtime])
         out.parent.mkdir(parents=True, exist_ok=True)

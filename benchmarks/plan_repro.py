@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import recovery  # noqa: E402  (how a run is started, the teacher's kept latency fit)
-from common import ROOT, machine, trajectory, write_readme  # noqa: E402
+from common import FIT_UNTIL_2026_12_07, ROOT, machine, trajectory, write_readme  # noqa: E402
 
 from gatedprune.utils import markdown_table  # noqa: E402
 
@@ -43,7 +43,7 @@ RESULTS = ROOT / "docs" / "benchmarks" / "plan_repro"
 # beyond 20%, three timings at most, and kept for later runs at that; its records' commands, run then, name neither
 # setting), one measured until it misses its probes by 5% at most (the median of up to 15 timings: docs/gates.md 0c),
 # the same kept for later runs (``measured_once_5pct``: a run with no table since 2026-12-07), or the kept table
-UNTIL_2026_12_07 = ["pruning.workload.keep_tolerance=0.2", "pruning.workload.fit_attempts=3"]
+UNTIL_2026_12_07 = [f"pruning.workload.{key}={value}" for key, value in FIT_UNTIL_2026_12_07.items()]
 FITS = {"measured": ["pruning.workload.table=null", *UNTIL_2026_12_07],
         "measured_5pct": ["pruning.workload.table=null", "pruning.workload.fit_tolerance=0.05",
                           "pruning.workload.fit_attempts=15"],
@@ -197,8 +197,8 @@ def speed(results: Path, runs: Path, load_teacher, timer=None, repeats: int = SP
     two runs ship the same), priced by that row's own fit."""
     from gatedprune.costs import table as latency_table
     from gatedprune.costs.timers import torch_timer
-    from gatedprune.surgery.model_loading import load_seq2seq
     from gatedprune.costs.workload import Workload
+    from gatedprune.surgery.model_loading import load_seq2seq
 
     workload = Workload(repeats=repeats)
     _, kept_fit, _ = latency_table.read(recovery.TABLE)

@@ -7,11 +7,11 @@ the first of ``cache_dirs`` that can be written and in the machine's cache: fork
 and so does a machine, for each model shape and workload. Two runs that each timed their own fit would price the
 kinds by their timings and could ship two plans (docs/gates.md 0c); a run started after another's set-up here is
 priced by that one's fit (two started at once each time their own). A fit found beside a checkpoint comes first and
-is kept in the machine's cache where it has none (if it meets ``keep_tolerance``); one found in the machine's cache
-is kept beside the checkpoint, for its forks and resumes. The machine's cache holds fits to a table's standard: a fit timed here goes into it only
-when it meets its probes within ``keep_tolerance`` (one that only met ``fit_tolerance`` after its last timing
-prices this run and its forks), and it times again a file it cannot read, or a fit that misses its probes by more
-than this run's ``keep_tolerance``.
+is kept in the machine's cache where it has none; one found in the machine's cache is kept beside the checkpoint,
+for its forks and resumes. The machine's cache holds fits to a table's standard: a fit goes into it only when it
+meets its probes within ``keep_tolerance`` (one that only met ``fit_tolerance`` after its last timing prices this
+run and its forks), and it times again a file it cannot read, or a fit that misses its probes by more than this
+run's ``keep_tolerance``.
 """
 
 from __future__ import annotations
