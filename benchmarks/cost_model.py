@@ -73,7 +73,7 @@ def bench(name: str, batch: int, quick: bool, log) -> dict:
     workload = Workload(source_tokens=8 if quick else 32, target_tokens=4 if quick else 32, batch=batch,
                         repeats=1 if quick else 5, threads=1)
     plans = validation_plans(model)
-    probes = probe_models(model, workload.probe_fractions)
+    probes = probe_models(model, workload.probe_fractions, workload.joint_probes)
     pruned = [prune_heads(copy.deepcopy(model), plan) for _, plan in plans]
     # the probes and the models to predict timed in one alternating session: the machine's load drifts over minutes,
     # and a fit measured under one load would be judged against timings made under another

@@ -161,15 +161,15 @@ def combined_plans(model, fractions=COMBINED_FRACTIONS) -> list[tuple[str, dict]
 
 
 def additivity(model, workload, timer, rounds: int) -> list[dict]:
-    """Per probe (the fit's own, then ``combined_plans``): its structures and its seconds in each round (``timer``:
-    one interleaved timing of every probe per call)."""
+    """Per probe (the fit's own that each shrink one kind, then ``combined_plans``): its structures and its seconds in
+    each round (``timer``: one interleaved timing of every probe per call)."""
     import copy
 
     from gatedprune.costs.counts import features
     from gatedprune.costs.latency import probe_plans
     from gatedprune.surgery.cut import prune_heads
 
-    plans = [(name, plan, True) for name, plan in probe_plans(model, workload.probe_fractions)]
+    plans = [(name, plan, True) for name, plan in probe_plans(model, workload.probe_fractions, joint=False)]
     plans += [(name, plan, False) for name, plan in combined_plans(model)]
     models = [prune_heads(copy.deepcopy(model), plan) if plan else copy.deepcopy(model) for _, plan, _ in plans]
     rows = [{"probe": name, "fitted": own, "structures": features(m), "seconds": []}

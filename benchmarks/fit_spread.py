@@ -46,6 +46,7 @@ LOADS = plan_repro.LOADS  # busy first
 # how a run timed its fit when these were measured (since then: to 5%, up to 15, which the "5% tolerance" replay is)
 PER_RUN = FIT_UNTIL_2026_12_07["fit_attempts"]
 RUN_TOLERANCE = FIT_UNTIL_2026_12_07["fit_tolerance"]
+ORDERS = 20  # orders of a record's timings replayed where it has the joint probes (seeds 0-19)
 TIGHT = 0.05  # the tolerance docs/guide/speed_targets.md measures a table with: just above what 45 calls per probe miss
 
 
@@ -57,8 +58,8 @@ def load_model(path: str):
 
 def measure(model, load: str, timings: int, timer) -> dict:
     """Every probe of ``model``'s default fit timed ``timings`` times with ``timer``, beside a busy core or not."""
-    workload = Workload()
-    probes = probe_models(model, workload.probe_fractions)
+    workload = Workload()  # today's default, the joint probes with it
+    probes = probe_models(model, workload.probe_fractions, workload.joint_probes)
     with plan_repro.busy_core(load == "busy"):
         seconds = [[float(s) for s in timer([m for _, m in probes], workload)] for _ in range(timings)]
     return {"load": load, "date": date.today().isoformat(), "machine": machine(), "model": _shown(model.name_or_path),
@@ -78,12 +79,13 @@ def shares(cost, dense: dict[str, int]) -> dict[str, float]:
     return {"base": cost.base / total, **{k: cost.coefficients.get(k, 0.0) * dense[k] / total for k in ALL_KINDS}}
 
 
-def replay(model, timings: list[list[float]], tolerance: float = RUN_TOLERANCE) -> dict:
+def replay(model, timings: list[list[float]], tolerance: float = RUN_TOLERANCE, joint: bool = False) -> dict:
     """The fit ``fit_latency`` makes from these timings, taken in order (one per retry) until one misses its probes
     by ``tolerance`` at most: the kinds' shares, the fit's error over its probes and how many timings it took; or the
-    line it refused with."""
+    line it refused with. ``joint``: the timings include the probes that shrink every kind at once."""
     queue = list(timings)
-    workload = Workload(fit_attempts=len(timings), fit_tolerance=tolerance, keep_tolerance=tolerance)
+    workload = Workload(fit_attempts=len(timings), fit_tolerance=tolerance, keep_tolerance=tolerance,
+                        joint_probes=joint)
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # its notes on each retry: the record says how many it took
             cost, probes = fit_latency(model, workload, lambda models, _: queue.pop(0))
@@ -103,14 +105,30 @@ def pooled(record: dict) -> dict:
     return {"shares": shares(cost, rows[0]), "error": fit_error(probes), "timings": len(record["timings"])}
 
 
-def fits(model, record: dict, singles: bool = True) -> dict[str, list[dict]]:
+def joint_of(record: dict) -> bool:
+    """Whether a record timed the probes that shrink every kind at once (those before 2026-12-07's evening did not)."""
+    return bool(record["workload"].get("joint_probes", False))
+
+
+def fits(model, record: dict, singles: bool = True, orders: int = None) -> dict[str, list[dict]]:
     """``{"a run": [...], "one timing": [...], "every timing": [one], "5% tolerance": [one]}``: a run's fit per
     ``PER_RUN`` consecutive timings, each timing's fit alone (the same ``fit_latency``, one attempt), the fit to all
-    of them, and the fit a run makes with ``fit_tolerance`` ``TIGHT`` and every timing as its retries."""
-    timings = record["timings"]
-    runs = [replay(model, timings[i:i + PER_RUN]) for i in range(0, len(timings) - PER_RUN + 1, PER_RUN)]
-    one = {"one timing": [replay(model, [t]) for t in timings]} if singles else {}  # most of the replays
-    return {"a run": runs, **one, "every timing": [pooled(record)], "5% tolerance": [replay(model, timings, TIGHT)]}
+    of them, and the fit a run makes with ``fit_tolerance`` ``TIGHT`` and every timing as its retries. A record with
+    the joint probes adds that run's fit over ``orders`` (default ``ORDERS``) orders of its timings, with them and
+    with the probes of one kind each alone (the same timings: what the joint probes change)."""
+    timings, joint = record["timings"], joint_of(record)
+    runs = [replay(model, timings[i:i + PER_RUN], joint=joint) for i in range(0, len(timings) - PER_RUN + 1, PER_RUN)]
+    one = {"one timing": [replay(model, [t], joint=joint) for t in timings]} if singles else {}  # most of the replays
+    found = {"a run": runs, **one, "every timing": [pooled(record)],
+             "5% tolerance": [replay(model, timings, TIGHT, joint)]}
+    if joint:
+        single = len(probe_models(model, Workload().probe_fractions, joint=False))  # the joint probes come last
+        shuffled = [np.random.default_rng(seed).permutation(len(timings)) for seed in range(orders or ORDERS)]
+        found[f"5% tolerance, {len(shuffled)} orders"] = [replay(model, [timings[i] for i in order], TIGHT, True)
+                                                          for order in shuffled]
+        found[f"5% tolerance, {len(shuffled)} orders, one kind per probe"] = [
+            replay(model, [timings[i][:single] for i in order], TIGHT) for order in shuffled]
+    return found
 
 
 def spread(results: list[dict], kind: str) -> str:
@@ -123,18 +141,18 @@ def spread(results: list[dict], kind: str) -> str:
     return low if low == high else f"{low}-{high}"
 
 
-def table(model, results: Path, kept: Path | None = LATENCY_TABLE, singles: bool = True) -> str:
+def table(model, results: Path, kept: Path | None = LATENCY_TABLE, singles: bool = True, orders: int = None) -> str:
     rows = []
     for load in LOADS:
         path = results / f"{load}.json"
         if not path.is_file():
             continue
         record = json.loads(path.read_text())
-        counted = [features(m) for _, m in probe_models(model, Workload().probe_fractions)]
+        counted = [features(m) for _, m in probe_models(model, Workload().probe_fractions, joint_of(record))]
         if counted != [p["structures"] for p in record["probes"]]:
             raise ValueError(f"{path} timed the probes of another model ({record.get('model')}); allowed: --model of "
                              "the model it timed")
-        for how, found in fits(model, record, singles).items():
+        for how, found in fits(model, record, singles, orders).items():
             made = [r for r in found if r.get("shares")]
             refused = len(found) - len(made)
             errors = [r["error"] for r in made]
@@ -153,12 +171,66 @@ def table(model, results: Path, kept: Path | None = LATENCY_TABLE, singles: bool
                            *(f"{k} %" for k in ALL_KINDS)], rows)
 
 
+def measured_plans(results: Path = plan_repro.RESULTS) -> dict[str, tuple[dict, float]]:
+    """``{run: (the structures its plan keeps per kind, its measured speed-up)}`` for every plan ``plan_repro.py
+    speed`` timed beside the teacher (the mean over its speed records)."""
+    measured: dict[str, list[float]] = {}
+    for path in sorted(results.glob("speed_*.json")):
+        for row in json.loads(path.read_text())["rows"]:
+            measured.setdefault(row["name"], []).append(row["measured"])
+    return {name: (json.loads((results / f"{name}.json").read_text())["kept"], float(np.mean(values)))
+            for name, values in measured.items()}
+
+
+def speed_up(shares: dict, dense: dict, kept: dict) -> float:
+    """The speed-up a fit of these shares predicts for a model keeping ``kept`` of the ``dense`` model's structures:
+    1 / (base + sum_k share_k * kept_k / dense_k)."""
+    return 1 / (shares["base"] + sum(shares[k] * kept[k] / dense[k] for k in ALL_KINDS if dense[k]))
+
+
+def pricing(found: list[dict], dense: dict, plans: dict[str, tuple[dict, float]]) -> list[str] | None:
+    """How the fits made price the measured plans: the median over fits of the mean |predicted / measured - 1| over
+    the plans, the worst such miss, and how far one plan's prediction moves across the fits (sd / mean, the mean over
+    the plans; one fit: -)."""
+    made = [r["shares"] for r in found if r.get("shares")]
+    if not made or not plans:
+        return None
+    predicted = np.asarray([[speed_up(shares, dense, kept) for kept, _ in plans.values()] for shares in made])  # (F, P)
+    off = np.abs(predicted / np.asarray([m for _, m in plans.values()]) - 1)
+    moves = f"{np.mean(predicted.std(axis=0) / predicted.mean(axis=0)):.1%}" if len(made) > 1 else "-"
+    return [f"{np.median(off.mean(axis=1)):.1%}", f"{off.max():.1%}", moves]
+
+
+def price_table(model, results: Path, plans: dict, orders: int = None) -> str:
+    """Per load and fit (the ``fits`` of ``table``, one timing each left out): how they price the measured plans."""
+    rows = []
+    for load in LOADS:
+        path = results / f"{load}.json"
+        if not path.is_file():
+            continue
+        record = json.loads(path.read_text())
+        dense = record["probes"][0]["structures"]
+        for how, found in fits(model, record, False, orders).items():
+            priced = pricing(found, dense, plans)
+            if priced:
+                rows.append([load, how, str(sum(1 for r in found if r.get("shares"))), *priced])
+    return markdown_table(["load", "fit from", "fits", "off, median over fits", "worst off",
+                           "one plan's prediction moves (sd / mean)"], rows)
+
+
 INTRO = ("Each kind's share of the dense model's predicted latency (c_k * n_k / total, in per cent), lowest-highest "
          "over the fits made from one record's timings: \"a run\" replays `fit_latency` on three consecutive timings "
          "as a run's retries took them until 2026-12-07 (20%), \"one timing\" fits each timing alone, \"every timing\" fits the per-probe median "
          "of all of them, \"5% tolerance\" replays `fit_latency` on all of them with `fit_tolerance` 0.05 (the median "
          "of every timing so far, until it misses its probes by 5% at most). The kept teacher, `Workload()` (batch 1, "
          "32 + 32 tokens, one thread, three interleaved calls per probe); busy: a second process spinning on one core.")
+
+
+PRICE_INTRO = ("How the same fits price the plans `plan_repro.py speed` timed beside the teacher (each plan's structures "
+               "from its record, its measured speed-up the mean of the speed records in docs/benchmarks/plan_repro/): "
+               "off is |predicted / measured - 1| for a plan, its mean over the plans for a fit; \"moves\" is the "
+               "standard deviation of one plan's predicted speed-up across the fits over their mean, averaged over "
+               "the plans (a run that prices plans alike from run to run moves little).")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,8 +255,11 @@ def main(argv: list[str] | None = None) -> int:
             record["command"] = command_line("fit_spread.py", argv if argv is not None else sys.argv[1:])
             args.results.mkdir(parents=True, exist_ok=True)
             atomic_write_text(path, json.dumps(record, indent=2) + "\n")
+    plans = measured_plans()
+    shares = table(model, args.results)
+    priced = f"{PRICE_INTRO}\n\n{price_table(model, args.results, plans)}" if plans else ""
     write_readme(args.results, "How far a measured latency fit moves (benchmarks/fit_spread.py)", INTRO,
-                 table(model, args.results))
+                 f"{shares}\n\n{priced}".strip())
     return 0
 
 

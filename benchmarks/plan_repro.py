@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import recovery  # noqa: E402  (how a run is started, the teacher's kept latency fit)
-from common import FIT_UNTIL_2026_12_07, ROOT, machine, trajectory, write_readme  # noqa: E402
+from common import FIT_UNTIL_2026_12_07, ONE_KIND_PROBES, ROOT, machine, trajectory, write_readme  # noqa: E402
 
 from gatedprune.utils import markdown_table  # noqa: E402
 
@@ -42,14 +42,23 @@ RESULTS = ROOT / "docs" / "benchmarks" / "plan_repro"
 # how each pair prices the teacher: a fit measured at set-up as a run made it until 2026-12-07 (timed again only
 # beyond 20%, three timings at most, and kept for later runs at that; its records' commands, run then, name neither
 # setting), one measured until it misses its probes by 5% at most (the median of up to 15 timings: docs/gates.md 0c),
-# the same kept for later runs (``measured_once_5pct``: a run with no table since 2026-12-07), or the kept table
-UNTIL_2026_12_07 = [f"pruning.workload.{key}={value}" for key, value in FIT_UNTIL_2026_12_07.items()]
+# the same kept for later runs (``measured_once_5pct``: a run with no table since 2026-12-07), those two on probes
+# that each shrink one kind; a fit of today's default, also timed on probes that shrink every kind at once, each run
+# its own (``measured_joint``; docs/gates.md 0c), or the kept table
+def _overrides(settings: dict) -> list[str]:
+    return [f"pruning.workload.{key}={str(value).lower() if isinstance(value, bool) else value}"
+            for key, value in settings.items()]
+
+
+UNTIL_2026_12_07 = _overrides(FIT_UNTIL_2026_12_07)
+ONE_KIND = _overrides(ONE_KIND_PROBES)
 FITS = {"measured": ["pruning.workload.table=null", *UNTIL_2026_12_07],
         "measured_5pct": ["pruning.workload.table=null", "pruning.workload.fit_tolerance=0.05",
-                          "pruning.workload.fit_attempts=15"],
+                          "pruning.workload.fit_attempts=15", *ONE_KIND],
         "measured_once": ["pruning.workload.table=null", *UNTIL_2026_12_07],
         "measured_once_5pct": ["pruning.workload.table=null", "pruning.workload.keep_tolerance=0.05",
-                               "pruning.workload.fit_attempts=15"],
+                               "pruning.workload.fit_attempts=15", *ONE_KIND],
+        "measured_joint": ["pruning.workload.table=null"],
         "table": [f"pruning.workload.table={recovery.TABLE}"]}
 # whose machine cache of latency fits (costs.table.machine_dir) a run sees: its own, empty (it times its fit), or
 # one the pair shares, empty before its first run (the first times the fit, the second reuses it)

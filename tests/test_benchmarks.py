@@ -191,7 +191,7 @@ def test_cost_model_quick_writes_its_page_from_its_own_numbers(tmp_path):
     assert f"`.venv/bin/python benchmarks/cost_model.py --quick --out {tmp_path}`" in text
     (result,) = json.loads((tmp_path / "cost_model.json").read_text())["results"]
     dense = result["dense"]
-    assert len(result["plans"]) == 6 and len(result["probes"]) == 15
+    assert len(result["plans"]) == 6 and len(result["probes"]) == 15 + 2  # one kind each, then every kind at once
     for plan in result["plans"]:  # every number on the page follows from the two timings and the fit
         assert plan["time_error"] == pytest.approx(plan["predicted_s"] / plan["measured_s"] - 1)
         assert plan["measured_speed_up"] == pytest.approx(dense["measured_s"] / plan["measured_s"])

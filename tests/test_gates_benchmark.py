@@ -3,6 +3,7 @@ own files and the export's independent count of what it kept."""
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -113,10 +114,13 @@ def test_the_plan_pairs_run_today_s_default_and_record_a_refusal_as_a_result(tmp
         run = compose_train(tmp_path, *args)
         table = None if fit.startswith("measured") else str(bench.recovery.TABLE)
         # how a run timed its fit until 2026-12-07 (again beyond 20%, three timings, kept at that), as the records
-        # of those pairs were made; measured_once_5pct is a run with no table since (the defaults, named)
-        timing = {"measured": {"keep_tolerance": 0.2, "fit_attempts": 3},
-                  "measured_once": {"keep_tolerance": 0.2, "fit_attempts": 3},
-                  "measured_5pct": {"fit_tolerance": 0.05, "fit_attempts": 15}}.get(fit, {})
+        # of those pairs were made; measured_once_5pct is a run with no table since then, before the joint probes;
+        # measured_joint today's default with no table
+        one_kind = {"joint_probes": False}
+        timing = {"measured": {"keep_tolerance": 0.2, "fit_attempts": 3, **one_kind},
+                  "measured_once": {"keep_tolerance": 0.2, "fit_attempts": 3, **one_kind},
+                  "measured_5pct": {"fit_tolerance": 0.05, "fit_attempts": 15, **one_kind},
+                  "measured_once_5pct": one_kind}.get(fit, {})
         assert run.pruning == {**default.pruning, "workload": {**default.pruning.workload, "table": table, **timing}}
         assert run.gated_steps == default.gated_steps == 300 and run.finetune.steps == 0
         assert args[-1] == f"hydra.run.dir={tmp_path / f'first_layers_widths_{fit}_busy'}"
@@ -542,39 +546,53 @@ def test_the_fit_spread_replays_the_fit_a_run_makes_and_gives_each_kind_its_shar
     record = bench.measure(model, "quiet", 6, timer)
     assert len(record["timings"]) == len(calls) == 6 and set(calls) == {len(record["probes"])}
     assert record["probes"][0] == {"probe": "dense", "structures": bart_structures(model)}
+    # today's default's probes: each kind alone, then every kind at once (what the record says it timed)
+    assert record["workload"]["joint_probes"] is True and [p["probe"] for p in record["probes"][-2:]] == [
+        "every kind 0.5", "every kind 0"]
     dense = bart_structures(model)
     total = FAKE_BASE + sum(FAKE_COSTS[k] * n for k, n in dense.items())
     expected = {"base": FAKE_BASE / total, **{k: FAKE_COSTS[k] * n / total for k, n in dense.items()}}
-    found = bench.fits(model, record)
+    found = bench.fits(model, record, orders=3)  # three orders of the timings (the benchmark's 20 take a while)
     assert len(found["a run"]) == 2 and len(found["one timing"]) == 6 and found["every timing"][0]["timings"] == 6
+    assert len(found["5% tolerance, 3 orders"]) == len(found["5% tolerance, 3 orders, one kind per probe"]) == 3
     for fit in [f for fits in found.values() for f in fits]:  # a factor common to all probes leaves every share
         assert fit["shares"] == pytest.approx(expected, abs=1e-9) and fit["error"] < 1e-9
         assert sum(fit["shares"].values()) == pytest.approx(1)
     assert [fit["timings"] for fit in found["a run"] + found["5% tolerance"]] == [1, 1, 1]
+    # a record of the probes of one kind each (every record before the joint probes) is replayed on those alone
+    single = len(record["probes"]) - 2
+    old = {**record, "workload": {k: v for k, v in record["workload"].items() if k != "joint_probes"},
+           "probes": record["probes"][:single], "timings": [t[:single] for t in record["timings"]]}
+    assert list(bench.fits(model, old)) == ["a run", "one timing", "every timing", "5% tolerance"]
+    assert bench.fits(model, old)["a run"][0]["shares"] == pytest.approx(expected, abs=1e-9)
 
     # each probe off by its own factor in each timing, 3x, 1x or 0.3x, so that no timing, nor the median of two, fits
     # within 20%: the run times three times and the median of three (1x for every probe) gives the exact shares
     exact = [FAKE_BASE + sum(FAKE_COSTS[k] * n for k, n in probe["structures"].items()) for probe in record["probes"]]
     factors = [(3, 1, 0.3), (1, 0.3, 3), (0.3, 3, 1)]
     skewed = [[t * factors[j % 3][i] for j, t in enumerate(exact)] for i in range(3)]
-    run = bench.replay(model, skewed)
+    run = bench.replay(model, skewed, joint=True)
     assert run["timings"] == 3 and run["shares"] == pytest.approx(expected, abs=1e-9)
     assert bench.pooled({**record, "timings": skewed})["shares"] == pytest.approx(expected, abs=1e-9)
-    assert bench.replay(model, skewed[:2])["refused"].startswith("the latency fit misses its probe")
-    assert bench.replay(model, skewed, tolerance=0.05)["timings"] == 3
+    assert bench.replay(model, skewed[:2], joint=True)["refused"].startswith("the latency fit misses its probe")
+    assert bench.replay(model, skewed, tolerance=0.05, joint=True)["timings"] == 3
     # in the table: the skewed run took three timings, the other one; each skewed timing alone is refused; the median
     # of all six (1.45x every probe) and the run at 5% (exact after three) give the exact shares
     (tmp_path / "quiet.json").write_text(json.dumps({**record, "timings": skewed + record["timings"][3:]}))
-    rows = [line.split(" | ") for line in bench.table(model, tmp_path, kept=None).splitlines()[2:]]
-    assert [row[1:4] for row in rows] == [["a run", "2", "1-3"], ["one timing", "3 (+3 refused)", "1"],
-                                          ["every timing", "1", "6"], ["5% tolerance", "1", "3"]]
+    rows = [line.split(" | ") for line in bench.table(model, tmp_path, kept=None, orders=3).splitlines()[2:]]
+    assert [row[1:4] for row in rows[:4]] == [["a run", "2", "1-3"], ["one timing", "3 (+3 refused)", "1"],
+                                              ["every timing", "1", "6"], ["5% tolerance", "1", "3"]]
+    # over three orders of the six timings, with the joint probes and without them: every fit made is exact
+    assert [row[1:3] for row in rows[4:]] == [["5% tolerance, 3 orders", "3"],
+                                              ["5% tolerance, 3 orders, one kind per probe", "3"]]
+    assert all(re.fullmatch(r"[1-6](-[1-6])?", row[3]) for row in rows[4:])
     share = f"{100 * expected['decoder_ffn']:.1f}"
     column = 6 + list(bench.ALL_KINDS).index("decoder_ffn")
-    assert [row[column] for row in rows] == [share] * 4  # every fit the same: one number
+    assert [row[column] for row in rows] == [share] * 6  # every fit the same: one number
 
     # the kept table beside them: its error over its probes as the file's own predictions give it
     kept = json.loads(bench.LATENCY_TABLE.read_text())
-    last = bench.table(model, tmp_path).splitlines()[-1].split(" | ")
+    last = bench.table(model, tmp_path, orders=1).splitlines()[-1].split(" | ")
     error = max(abs(p["predicted"] / p["seconds"] - 1) for p in kept["probes"])
     assert last[1:5] == ["the kept table (teacher_latency.json)", "1", "-", f"{error:.1%}"]
     # a range is lowest-highest as numbers (9.5 below 10.0), over the fits made
@@ -583,7 +601,7 @@ def test_the_fit_spread_replays_the_fit_a_run_makes_and_gives_each_kind_its_shar
     # timings of another model are refused, not fitted to this one's counts
     (tmp_path / "quiet.json").write_text(json.dumps({**record, "probes": record["probes"][1:] + record["probes"][:1]}))
     with pytest.raises(ValueError, match="timed the probes of another model"):
-        bench.table(model, tmp_path, kept=None)
+        bench.table(model, tmp_path, kept=None, orders=1)
 
     with pytest.raises(SystemExit) as exit_:  # a run is three timings: refused before anything is timed
         bench.main(["run", "--timings", "4", "--results", str(tmp_path / "none")])

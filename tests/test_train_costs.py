@@ -40,7 +40,7 @@ def test_a_latency_target_is_measured_cached_and_met(tmp_path):
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["target_latency"] == 0.6 and metrics["costs"]["source"] == "measured"
     assert metrics["costs"]["fit_error"] == pytest.approx(0, abs=1e-9)  # the fake clock is linear
-    assert "its largest error over its 15 probes 0.0%" in proc.stdout
+    assert "its largest error over its 17 probes 0.0%" in proc.stdout
     # the prediction, recomputed here from the timer's own numbers and the structures the export kept
     price = lambda n: FAKE_BASE + sum(FAKE[k] * n[k] for k in ALL_KINDS)  # noqa: E731
     kept = price(bart_structures(load_pruned(run / "pruned"))) / price(SMOKE_STRUCTURES)

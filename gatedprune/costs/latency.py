@@ -1,8 +1,10 @@
 """Latency per structure, fitted: time the dense model and cut copies of it, solve for a cost per structure.
 
-The probes are the dense model and, for each kind, one copy with every layer's structures of that kind shrunk to
-each of ``workload.probe_fractions`` (heads and FFN units: the first ones kept; layers: evenly spaced ones, a
-decoder keeping one). With n_jk the structures of kind k in probe j (``counts.features``) and t_j its time, the
+The probes are the dense model, for each kind one copy with every layer's structures of that kind shrunk to each
+of ``workload.probe_fractions`` (heads and FFN units: the first ones kept; layers: evenly spaced ones, a decoder
+keeping one), and (``workload.joint_probes``) one copy per fraction with every kind shrunk to it at once. A plan
+cuts every kind at once: probes of one kind each leave the base (what no cut removes) to the difference of many
+small savings, each within the calls' noise, so a fit can meet them and still misprice a plan (docs/gates.md 0c). With n_jk the structures of kind k in probe j (``counts.features``) and t_j its time, the
 fit is the ``LinearCost`` with
 
     minimise  sum_j ((base + sum_k c_k n_jk - t_j) / t_j)^2     subject to  c_k >= 0
@@ -42,9 +44,10 @@ from gatedprune.structures.kinds import ALL_KINDS, KINDS
 from gatedprune.surgery.cut import prune_heads
 
 
-def probe_plans(model: nn.Module, fractions: tuple) -> list[tuple[str, dict]]:
-    """``[(name, plan)]``: the dense model (an empty plan), then each kind shrunk to each fraction."""
-    plans = [("dense", {})]
+def probe_plans(model: nn.Module, fractions: tuple, joint: bool = True) -> list[tuple[str, dict]]:
+    """``[(name, plan)]``: the dense model (an empty plan), then each kind shrunk to each fraction, then (``joint``)
+    every kind shrunk at once to each fraction (where the model has more than one kind to shrink)."""
+    plans, together = [("dense", {})], {fraction: [] for fraction in fractions}
     layers = probe_layout(model).layers
     for kind, sites in kind_sites(model).items():
         spec = KINDS[kind]
@@ -55,9 +58,14 @@ def probe_plans(model: nn.Module, fractions: tuple) -> list[tuple[str, dict]]:
                 if keep >= total:
                     continue
                 spaced = sorted({round(i * (total - 1) / max(keep - 1, 1)) for i in range(keep)}) if keep else []
-                plans.append((f"{kind} {keep}/{total}", {layers[spec.stack]: spaced}))
+                plan = (f"{kind} {keep}/{total}", {layers[spec.stack]: spaced})
             else:
-                plans.append((f"{kind} {fraction:g}", first_units(sites, fraction)))
+                plan = (f"{kind} {fraction:g}", first_units(sites, fraction))
+            plans.append(plan)
+            together[fraction].append(plan[1])
+    if joint:  # the sites of a dropped layer are skipped by the cut (``surgery.cut``), so the plans merge as they are
+        plans += [(f"every kind {fraction:g}", {path: kept for plan in shrunk for path, kept in plan.items()})
+                  for fraction, shrunk in together.items() if len(shrunk) > 1]
     return plans
 
 
@@ -67,10 +75,10 @@ def first_units(sites, fraction: float) -> dict[str, list[int]]:
     return {s.path: list(range(round(fraction * s.num_units))) for s in sites}
 
 
-def probe_models(model: nn.Module, fractions: tuple) -> list[tuple[str, nn.Module]]:
+def probe_models(model: nn.Module, fractions: tuple, joint: bool = True) -> list[tuple[str, nn.Module]]:
     """The probe plans cut out of copies of ``model`` (which is left as it is)."""
     return [(name, prune_heads(copy.deepcopy(model), plan) if plan else copy.deepcopy(model))
-            for name, plan in probe_plans(model, fractions)]
+            for name, plan in probe_plans(model, fractions, joint)]
 
 
 def fit(rows: list[dict[str, int]], seconds: list[float]) -> tuple[float, dict[str, float]]:
@@ -130,7 +138,7 @@ def fit_latency(model: nn.Module, workload: Workload, timer) -> tuple[LinearCost
     them again while the fit misses its own probes by more than ``workload.aim``; returns the cost and one row per
     probe (name, structures, the seconds fitted to, each timing's seconds, predicted). ``LatencyFitError`` when the
     last of ``workload.fit_attempts`` timings still misses by more than ``workload.fit_tolerance``."""
-    probes = probe_models(model, workload.probe_fractions)
+    probes = probe_models(model, workload.probe_fractions, workload.joint_probes)
     rows = [features(m) for _, m in probes]
     timings = []  # (attempts, J): one timing of every probe per attempt
     for attempt in range(1, workload.fit_attempts + 1):
