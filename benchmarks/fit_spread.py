@@ -11,9 +11,13 @@ the median of the first two, then of all three, and stopped at the first within 
 times to 5%, up to 15 timings, which the "5% tolerance" replay is), and reports each kind's
 share of the dense latency, c_k * n_k / (base + sum_j c_j * n_j), from lowest to highest over the runs, beside the
 same from each timing fitted alone. A kind whose share moves by as much as it is has no price the gates can rely on.
+A second table prices, with each of those fits, the plans ``plan_repro.py speed`` timed beside the teacher: how far
+off each fit is, and how far one plan's prediction moves from fit to fit.
 
     .venv/bin/python benchmarks/fit_spread.py run       # the loads not yet in docs/benchmarks/fit_spread/
     .venv/bin/python benchmarks/fit_spread.py table     # docs/benchmarks/fit_spread/README.md from the records
+    .venv/bin/python benchmarks/fit_spread.py run --results docs/benchmarks/fit_spread/joint --timings 15
+                                                        # today's probes (2026-12-07, evening), 15 timings per load
 """
 
 from __future__ import annotations
@@ -222,8 +226,11 @@ INTRO = ("Each kind's share of the dense model's predicted latency (c_k * n_k / 
          "over the fits made from one record's timings: \"a run\" replays `fit_latency` on three consecutive timings "
          "as a run's retries took them until 2026-12-07 (20%), \"one timing\" fits each timing alone, \"every timing\" fits the per-probe median "
          "of all of them, \"5% tolerance\" replays `fit_latency` on all of them with `fit_tolerance` 0.05 (the median "
-         "of every timing so far, until it misses its probes by 5% at most). The kept teacher, `Workload()` (batch 1, "
-         "32 + 32 tokens, one thread, three interleaved calls per probe); busy: a second process spinning on one core.")
+         "of every timing so far, until it misses its probes by 5% at most); a record that timed the probes shrinking every "
+         "kind at once (`workload.joint_probes`, since 2026-12-07's evening) adds that replay over 20 orders of its "
+         "timings (seeds 0-19), with those probes and with the probes of one kind each alone. The kept teacher, "
+         "`Workload()` (batch 1, 32 + 32 tokens, one thread, three interleaved calls per probe); busy: a second "
+         "process spinning on one core.")
 
 
 PRICE_INTRO = ("How the same fits price the plans `plan_repro.py speed` timed beside the teacher (each plan's structures "

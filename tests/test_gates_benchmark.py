@@ -478,6 +478,109 @@ def test_a_fit_kept_at_5pct_and_which_fit_predicts_this_machine_are_as_the_page_
         assert f"off by {100 * min(own_off):+.0f}% to {100 * max(own_off):+.0f}%" in page, name
 
 
+def test_the_joint_probes_section_is_the_records():
+    """docs/gates.md 0c (the evening of 2026-12-07): the joint probes' replays are the fit_spread page's rows, the
+    pair of runs that each timed their own fit on the 17 probes is its records, and every number the bullets give."""
+    bench = load_benchmark("plan_repro")
+    spread = load_benchmark("fit_spread")
+    text = (bench.ROOT / "docs" / "gates.md").read_text()
+    page = " ".join(text.split())
+    section = page[page.index("**Probes that cut every kind at once"):page.index("## 0h.")]
+    readme = (spread.ROOT / "docs" / "benchmarks" / "fit_spread" / "joint" / "README.md").read_text()
+    rows = {}
+    for line in readme.split("How the same fits price")[1].splitlines():
+        if line.startswith(("| busy |", "| quiet |")):
+            cells = line.strip("| ").split(" | ")
+            rows[(cells[0], cells[1])] = cells[2:]
+            if "orders" in cells[1]:
+                assert line in text, line  # the page quotes the replays over 20 orders as the page of records has them
+    joint, alone = "5% tolerance, 20 orders", "5% tolerance, 20 orders, one kind per probe"
+    q, q1, b, b1 = rows[("quiet", joint)], rows[("quiet", alone)], rows[("busy", joint)], rows[("busy", alone)]
+    assert (f"one plan's predicted speed-up moved {q[3]} (sd / mean) across the quiet record's fits and {b[3]} across "
+            f"the busy record's, against {q1[3]} and {b1[3]} from the same timings") in section
+    assert (f"its worst miss over the plans went from {q1[2]} to {q[2]} alone and from {b1[2]} to {b[2]} beside the busy "
+            f"core; the median miss from {q1[1]} to {q[1]} alone and from {b1[1]} to {b[1]} beside the busy core") in section
+    assert float(q[3][:-1]) < float(q1[3][:-1]) and float(b[3][:-1]) < float(b1[3][:-1])  # moves less, both loads
+    # the encoder's two kinds over those orders (the shares table of the same page)
+    shares = {}
+    for line in readme.split("How the same fits price")[0].splitlines():
+        if "orders" in line and line.startswith(("| busy |", "| quiet |")):
+            cells = line.strip("| ").split(" | ")
+            shares[(cells[0], cells[1])] = dict(zip(["base", *spread.ALL_KINDS], cells[5:]))
+    sq, sb = shares[("quiet", joint)], shares[("busy", joint)]
+    assert (f"the encoder's heads ranged {sq['encoder']}% and its FFN units {sq['encoder_ffn']}% of the quiet record's "
+            f"latency, {sb['encoder']}% and {sb['encoder_ffn']}% of the busy record's") in section
+    # the earlier plans' measured speed-ups, from measurement to measurement
+    measured = {}
+    for name in ("speed_first_layers.json", "speed_first_layers_b.json", "speed_first_layers_c.json"):
+        for row in json.loads((bench.RESULTS / name).read_text())["rows"]:
+            measured.setdefault(row["name"], []).append(row["measured"])
+    moved = max(max(v) / min(v) - 1 for v in measured.values() if len(v) == 3)
+    assert f"which moved by up to {100 * moved:.0f}% between measurements" in section
+    assert f"moves by up to {100 * moved:.0f}% between measurements three hours apart" in section
+    for record in ("busy", "quiet"):  # the 17 probes, timed by today's default workload
+        timed = json.loads((spread.ROOT / "docs" / "benchmarks" / "fit_spread" / "joint" / f"{record}.json").read_text())
+        assert timed["workload"]["joint_probes"] is True and len(timed["probes"]) == 17 == len(timed["timings"][0])
+    # the pair: the records' fits, plans, prices by the kept table and scores, as the page's rows
+    pair = [json.loads((bench.RESULTS / f"first_layers_widths_measured_joint_{load}.json").read_text())
+            for load in bench.LOADS]
+    apart = bench.plan_difference(pair[0]["plan"], pair[1]["plan"])
+    cost = _teacher_prices()
+    for r in pair:
+        c, k = r["costs"], r["kept"]
+        assert c["source"] == "measured" and "joint_probes" not in r["command"] and len(r["probes"]) == 17
+        assert c["fit_error"] <= 0.05 and abs(r["budget"]["latency"]["expected_kept"] - 0.67) < 5e-4
+        assert [p["probe"] for p in r["probes"][-2:]] == ["every kind 0.5", "every kind 0"]
+        recovered = f"{r['recovered']['test_bleu']:.2f}" if "recovered" in r else "-"
+        row = (f"| on 17 probes, each run its own | {r['load']} | {len(r['probes'][0]['timings'])} | "
+               f"{c['fit_error']:.1%} | {1e3 * c['base']:.1f} | {1e3 * c['coefficients']['decoder_layer']:.2f} | "
+               f"{1e3 * c['coefficients']['encoder']:.2f} | {1e3 * c['coefficients']['cross']:.2f} | "
+               f"{1e6 * c['coefficients']['encoder_ffn']:.2f} | {1e6 * c['coefficients']['decoder_ffn']:.2f} | "
+               f"{k['encoder'] + k['decoder'] + k['cross']} | {k['encoder_ffn']:,} + {k['decoder_ffn']:,} | "
+               f"{cost(k):.3f} | {r['bleu']['validation']:.2f} | {recovered} | {apart:,} |")
+        assert row in page, row
+    busy, quiet = pair
+    assert f"They still ship two plans, {apart:,} structures apart**" in section
+    assert (f"an encoder head at {1e3 * busy['costs']['coefficients']['encoder']:.2f} ms and an encoder FFN unit at "
+            "nothing") in section and busy["costs"]["coefficients"]["encoder_ffn"] == 0 and busy["kept"]["encoder"] == 0
+    assert (f"its units at {1e6 * quiet['costs']['coefficients']['encoder_ffn']:.2f} us: it kept every encoder head and "
+            f"{quiet['kept']['encoder_ffn']} of 3,072 units") in section and quiet["costs"]["coefficients"]["encoder"] == 0
+    base = [f"{100 * r['costs']['base'] / r['probes'][0]['seconds']:.0f}%" for r in pair]
+    assert (f"{base[0]} and {base[1]} of the dense probe's time here ({1e3 * busy['costs']['base']:.1f} and "
+            f"{1e3 * quiet['costs']['base']:.1f} ms)" in section
+            and f"cost {cost(busy['kept']):.3f} and {cost(quiet['kept']):.3f} of the dense latency" in section)
+    # the recovery of both plans, against the grid's starting points at this seed
+    grid = {start: json.loads((bench.recovery.RESULTS / name).read_text()) for start, name in (
+        ("table", f"{bench.RECOVERED_AS}.json"), ("random", "curve_random_0.67_s1234_2000_lr0.002.json"),
+        ("even", "curve_even_layers_0.67_s1234_2000_lr0.002.json"))}
+    random_bleu, even_bleu = (grid[x]["test_bleu_at"]["1000"] for x in ("random", "even"))
+    after = [r["recovered"]["test_bleu"] for r in pair]
+    assert all(r["recovered"]["as"] == bench.RECOVERED_AS and r["recovered"]["shipped_step"] == 1000 for r in pair)
+    assert (f"{after[0]:.2f} (the busy run's, no encoder head) and {after[1]:.2f} test BLEU after the same 1,000 steps, "
+            f"against random structures {random_bleu:.2f}, even layers {even_bleu:.2f} and the kept table's plan "
+            f"{grid['table']['shipped_test_bleu']:.2f}") in section
+    assert f"The busy run's plan is {random_bleu - after[0]:.2f} below random structures" in section
+    assert after[0] < random_bleu < even_bleu < after[1] < grid["table"]["shipped_test_bleu"]
+    # the third speed measurement: its table, and what the page says of it
+    speed = json.loads((bench.RESULTS / "speed_first_layers_c.json").read_text())
+    assert bench.speed_table(speed) in text
+    kept_off = [r["kept_table"] / r["measured"] - 1 for r in speed["rows"]]
+    own_off = [r["own_fit"] / r["measured"] - 1 for r in speed["rows"]]
+    assert (f"the kept table predicted the nine plans within {100 * max(map(abs, kept_off)):.0f}% "
+            f"({100 * min(kept_off):+.0f}% to {100 * max(kept_off):+.0f}%), the runs' own fits within "
+            f"{100 * min(own_off):+.0f}% to {100 * max(own_off):+.0f}%") in section and len(speed["rows"]) == 9
+    joint_rows = [r for r in speed["rows"] if r["fit"] == "measured_joint"]
+    assert (f"ran at {joint_rows[0]['measured']:.2f}x and {joint_rows[1]['measured']:.2f}x where their fits predicted "
+            f"{joint_rows[0]['own_fit']:.2f}x") in section
+    # the base share of the fits timed to 5% on one-kind probes, and of the kept table, as the opening says
+    shares = sorted(r["costs"]["base"] / r["probes"][0]["seconds"] for r in (
+        json.loads((bench.RESULTS / f"first_layers_widths_{name}.json").read_text())
+        for name in ("measured_5pct_busy", "measured_5pct_quiet", "measured_once_5pct_busy")))
+    table = json.loads(bench.recovery.TABLE.read_text())
+    assert (f"put it at {100 * shares[0]:.0f}%, {100 * shares[1]:.0f}% and {100 * shares[2]:.0f}% of their dense "
+            f"probe's time, the kept table at {100 * table['base'] / table['probes'][0]['seconds']:.0f}%") in section
+
+
 def test_the_plan_pairs_of_the_default_of_2026_12_06_are_the_committed_records(tmp_path):
     """docs/gates.md 0c and the README: the default of 2026-12-06, priced by the teacher's kept table, shipped one plan
     busy and quiet; with a fit measured at set-up its two plans differed, by the count the page gives."""

@@ -28,10 +28,10 @@ class Workload:
     quantization: str | None = None  # ct2 only: the compute type timed (int8, ...); None: float32
     repeats: int = 3  # timings per probe model (median), alternating between them
     probe_fractions: tuple = (0.5, 0.0)  # each kind shrunk to these fractions of its structures, one copy each
-    # and every kind shrunk at once to each fraction, one copy each: a plan cuts every kind, and a fit that meets only
-    # probes of one kind each could price a plan by its noise (docs/gates.md 0c: fits met those within 5% and
-    # predicted 1.49x for plans measured at 1.26x-1.41x; with these two probes the predictions of fits kept by the 5%
-    # rule spread 2.6% across timing orders, not 6.6%)
+    # and every kind shrunk at once to each fraction, one copy each: a plan cuts every kind. With them the fits the
+    # 5% rule keeps price a plan more alike from timing to timing (docs/gates.md 0c: a plan's predicted speed-up moved
+    # 2.8% and 4.7% across 20 orders of a quiet and a busy record's timings, 4.5% and 7.3% without them), though not
+    # so alike that two runs each timing their own fit ship one plan (2,510 structures apart)
     joint_probes: bool = True
     # the probes are timed again while the fit misses one of them by more than keep_tolerance, up to fit_attempts
     # timings in all. A fit within keep_tolerance is kept in the machine's cache and prices every later run here: the
