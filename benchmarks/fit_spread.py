@@ -145,8 +145,10 @@ def spread(results: list[dict], kind: str) -> str:
     return low if low == high else f"{low}-{high}"
 
 
-def table(model, results: Path, kept: Path | None = LATENCY_TABLE, singles: bool = True, orders: int = None) -> str:
-    rows = []
+def fitted(model, results: Path, singles: bool = True, orders: int = None) -> list[tuple[str, dict, dict]]:
+    """``[(load, its record, its fits)]`` for each load recorded in ``results`` (``fits``), each record checked to
+    have timed the probes of ``model``."""
+    out = []
     for load in LOADS:
         path = results / f"{load}.json"
         if not path.is_file():
@@ -156,16 +158,25 @@ def table(model, results: Path, kept: Path | None = LATENCY_TABLE, singles: bool
         if counted != [p["structures"] for p in record["probes"]]:
             raise ValueError(f"{path} timed the probes of another model ({record.get('model')}); allowed: --model of "
                              "the model it timed")
-        for how, found in fits(model, record, singles, orders).items():
-            made = [r for r in found if r.get("shares")]
-            refused = len(found) - len(made)
+        out.append((load, record, fits(model, record, singles, orders)))
+    return out
+
+
+def table(model, results: Path, kept: Path | None = LATENCY_TABLE, singles: bool = True, orders: int = None,
+          found: list | None = None) -> str:
+    """Each kind's share per load and fit (``found``: ``fitted``'s, made here when not given)."""
+    rows = []
+    for load, _, by_how in found if found is not None else fitted(model, results, singles, orders):
+        for how, replays in by_how.items():
+            made = [r for r in replays if r.get("shares")]
+            refused = len(replays) - len(made)
             errors = [r["error"] for r in made]
             took = sorted({r["timings"] for r in made})
             rows.append([load, how, f"{len(made)}" + (f" (+{refused} refused)" if refused else ""),
                          "-" if not took else str(took[0]) if len(took) == 1 else f"{took[0]}-{took[-1]}",
                          (f"{min(errors):.1%}-{max(errors):.1%}" if len(errors) > 1 else f"{errors[0]:.1%}")
                          if errors else "-",
-                         *(spread(found, kind) for kind in ("base", *ALL_KINDS))])
+                         *(spread(replays, kind) for kind in ("base", *ALL_KINDS))])
     if kept is not None:  # the table the default prices the teacher with, measured elsewhere, beside them
         _, cost, probes = costs_table.read(kept)
         rows.append(["-", f"the kept table ({kept.name})", "1", "-", f"{fit_error(probes):.1%}",
@@ -205,19 +216,17 @@ def pricing(found: list[dict], dense: dict, plans: dict[str, tuple[dict, float]]
     return [f"{np.median(off.mean(axis=1)):.1%}", f"{off.max():.1%}", moves]
 
 
-def price_table(model, results: Path, plans: dict, orders: int = None) -> str:
-    """Per load and fit (the ``fits`` of ``table``, one timing each left out): how they price the measured plans."""
+def price_table(model, results: Path, plans: dict, orders: int = None, found: list | None = None) -> str:
+    """Per load and fit (``fitted``'s, each timing's fit alone left out): how they price the measured plans."""
     rows = []
-    for load in LOADS:
-        path = results / f"{load}.json"
-        if not path.is_file():
-            continue
-        record = json.loads(path.read_text())
+    for load, record, by_how in found if found is not None else fitted(model, results, False, orders):
         dense = record["probes"][0]["structures"]
-        for how, found in fits(model, record, False, orders).items():
-            priced = pricing(found, dense, plans)
+        for how, made in by_how.items():
+            if how == "one timing":
+                continue
+            priced = pricing(made, dense, plans)
             if priced:
-                rows.append([load, how, str(sum(1 for r in found if r.get("shares"))), *priced])
+                rows.append([load, how, str(sum(1 for r in made if r.get("shares"))), *priced])
     return markdown_table(["load", "fit from", "fits", "off, median over fits", "worst off",
                            "one plan's prediction moves (sd / mean)"], rows)
 
@@ -262,9 +271,9 @@ def main(argv: list[str] | None = None) -> int:
             record["command"] = command_line("fit_spread.py", argv if argv is not None else sys.argv[1:])
             args.results.mkdir(parents=True, exist_ok=True)
             atomic_write_text(path, json.dumps(record, indent=2) + "\n")
-    plans = measured_plans()
-    shares = table(model, args.results)
-    priced = f"{PRICE_INTRO}\n\n{price_table(model, args.results, plans)}" if plans else ""
+    plans, found = measured_plans(), fitted(model, args.results)
+    shares = table(model, args.results, found=found)
+    priced = f"{PRICE_INTRO}\n\n{price_table(model, args.results, plans, found=found)}" if plans else ""
     write_readme(args.results, "How far a measured latency fit moves (benchmarks/fit_spread.py)", INTRO,
                  f"{shares}\n\n{priced}".strip())
     return 0

@@ -692,6 +692,16 @@ def test_the_fit_spread_replays_the_fit_a_run_makes_and_gives_each_kind_its_shar
     share = f"{100 * expected['decoder_ffn']:.1f}"
     column = 6 + list(bench.ALL_KINDS).index("decoder_ffn")
     assert [row[column] for row in rows] == [share] * 6  # every fit the same: one number
+    # the plans priced by those fits: a plan that ran as the fake clock says is off by nothing, one that ran 10% slower
+    # by 10%; the mean over the two plans is a fit's miss, and exact fits do not move from fit to fit
+    half = {k: n // 2 if not k.endswith("_layer") else n for k, n in dense.items()}
+    exact_speed_up = total / (FAKE_BASE + sum(FAKE_COSTS[k] * n for k, n in half.items()))
+    plans = {"as timed": (half, exact_speed_up), "slower": (half, exact_speed_up / 1.1)}
+    priced = [line.split(" | ") for line in bench.price_table(model, tmp_path, plans, orders=3).splitlines()[2:]]
+    assert [row[1] for row in priced] == ["a run", "every timing", "5% tolerance", "5% tolerance, 3 orders",
+                                          "5% tolerance, 3 orders, one kind per probe"]  # no timing alone
+    assert all(row[3:5] == ["5.0%", "10.0%"] for row in priced)
+    assert [row[5].strip(" |") for row in priced] == ["0.0%", "-", "-", "0.0%", "0.0%"]
 
     # the kept table beside them: its error over its probes as the file's own predictions give it
     kept = json.loads(bench.LATENCY_TABLE.read_text())
