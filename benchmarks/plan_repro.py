@@ -6,8 +6,9 @@ fine-tuned, with the latency fit measured at set-up by each run (``fit=measured`
 own, timed as a run timed it until 2026-12-07; ``measured_5pct``: the same, timed again until the fit misses its
 probes by 5% at most), measured by the first run and kept for the second in the machine's cache
 (``fit=measured_once``: no table, as a run without one priced from 2026-12-06; ``measured_once_5pct``: the same with
-the fit timed to 5% before it is kept, as since 2026-12-07; ``$GATEDPRUNE_CACHE`` fresh for the pair) or read from
-the recovery grid's kept fit (``fit=table``). ``--protocol`` picks which default: ``first_layers``, today's
+the fit timed to 5% before it is kept, as since 2026-12-07; ``$GATEDPRUNE_CACHE`` fresh for the pair), these on
+the probes of one kind each, measured by each run on today's probes, which also shrink every kind at once
+(``fit=measured_joint``), or read from the recovery grid's kept fit (``fit=table``). ``--protocol`` picks which default: ``first_layers``, today's
 (``pruning=first_layers``, 300 gated steps), ``first_layers_late``, the one of 2026-12-06 (its layers settled at gated
 step 100, no widths held), or ``preset``, the one before both (``pruning=speed``, 100 gated steps).
 Its json records the fit (base, costs per structure, largest error over its probes, each probe's timings), the
@@ -340,8 +341,9 @@ def main(argv: list[str] | None = None) -> int:
                  "(measured), measured until it misses its probes by 5% at most "
                  "(measured_5pct: pruning.workload.fit_tolerance=0.05, fit_attempts=15), measured by the busy run "
                  "and kept in the machine's cache for the quiet one (measured_once: a run with no table from "
-                 "2026-12-06; measured_once_5pct: the same timed to 5% before it is kept, since 2026-12-07), or the "
-                 "kept table (table).",
+                 "2026-12-06; measured_once_5pct: the same timed to 5% before it is kept, since 2026-12-07), these "
+                 "on the probes of one kind each, or each run its own on today's probes, which also shrink every kind "
+                 "at once (measured_joint, since the evening of 2026-12-07), or the kept table (table).",
                  table(args_.results) + "".join(
                      f"\n\n{path.name} ({r['when']}, {r['machine']}: `{r['command']}`): each export timed as the "
                      "latency fit times its probes, beside the teacher, the median of "

@@ -345,8 +345,9 @@ def _quick(work: Path) -> Setting:
 
 
 def quick_fit(runs: Path) -> Path:
-    """The latency fit ``_quick`` made of the smoke model's dense run (cached beside its checkpoint)."""
-    return next((runs / "dense" / "checkpoints").glob("latency-*.json"))
+    """The latency fit ``_quick`` made of the smoke model's dense run (cached beside its checkpoint; the newest, as a
+    reused folder may keep one of an older key)."""
+    return max((runs / "dense" / "checkpoints").glob("latency-*.json"), key=lambda path: path.stat().st_mtime)
 
 
 def _plan(model_dir: Path) -> dict:

@@ -39,7 +39,7 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, command_line, machine, versions  # noqa: E402
+from common import ONE_KIND_PROBES, ROOT, command_line, machine, versions  # noqa: E402
 from runtimes import Variant, timed  # noqa: E402
 
 from gatedprune import load_pruned  # noqa: E402
@@ -159,7 +159,8 @@ def overrides(run: Run, source: Path, runs_dir: Path, steps: dict, settings: dic
         return [*args, "pruning=l0", "resume=auto", f"dense_steps={total}", f"trainer.max_steps={total}",
                 "finetune.steps=0"]
     args += [f"resume={source / 'checkpoints' / 'dense.ckpt'}", f"gated_steps={gated}"]
-    args += [f"pruning.workload.{k}={v}" for k, v in settings["workload"].items()] if run.method.costed else []
+    args += [f"pruning.workload.{k}={str(v).lower() if isinstance(v, bool) else v}"
+             for k, v in settings["workload"].items()] if run.method.costed else []
     return [*args, f"finetune.steps={tuning if run.method.trains_first else after}"]
 
 
@@ -593,7 +594,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep and args.stage != "measure":
         parser.error("--keep is for the measure stage: it keeps an earlier measurement's rows beside what is timed")
     # the script times every model itself, side by side: the runs skip their own speed report
-    extra, workload, methods, targets, seeds = ["report.speed=false"], {"repeats": args.repeats}, GRID, TARGETS, SEEDS
+    # the grid's fit was timed on the probes of one kind each, before the joint probes: a resumed grid keeps it
+    extra, workload, methods, targets, seeds = (["report.speed=false"], {"repeats": args.repeats, **ONE_KIND_PROBES},
+                                                GRID, TARGETS, SEEDS)
     if args.quick:
         # the runs beside the page (the suite's tmp_path), else in a temporary directory removed at the end
         work = args.out / "quick-runs" if args.out else Path(tempfile.mkdtemp(prefix="speed-quality-quick-"))

@@ -148,6 +148,21 @@ def test_probe_plans_shrink_each_kind_and_keep_a_decoder_layer(bart3):
     assert alone == {k: v for k, v in plans.items() if not k.startswith("every kind")}
 
 
+def test_the_joint_probes_are_part_of_a_fits_key_and_one_kind_fits_keep_theirs(bart3):
+    """A fit on the joint probes is cached under a key of its own; one on the probes of one kind each keeps the key
+    such fits had before the joint probes (no field), so it is found again; a table from elsewhere matches a run
+    whichever probes it was timed on."""
+    on = table.key(bart3, WORKLOAD)
+    off = table.key(bart3, Workload(**{**WORKLOAD.__dict__, "joint_probes": False}))
+    assert on["workload"]["joint_probes"] is True and "joint_probes" not in off["workload"]
+    assert {k: v for k, v in on["workload"].items() if k != "joint_probes"} == off["workload"]
+    assert table.file_name(on) != table.file_name(off)
+    table.check_match(Path("server.json"), off, on)
+    table.check_match(Path("server.json"), on, off)
+    with pytest.raises(ValueError, match="was measured for workload batch=2"):  # what is not how it was measured
+        table.check_match(Path("server.json"), on, {**off, "workload": {**off["workload"], "batch": 3}})
+
+
 def test_the_joint_probes_cut_as_their_plan_says(bart3):
     """Each probe that shrinks every kind at once keeps what its single-kind probes keep, all in one model (a site
     of a dropped layer skipped by the cut): it is counted as their sum."""

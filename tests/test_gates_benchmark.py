@@ -501,6 +501,15 @@ def test_the_joint_probes_section_is_the_records():
     assert (f"its worst miss over the plans went from {q1[2]} to {q[2]} alone and from {b1[2]} to {b[2]} beside the busy "
             f"core; the median miss from {q1[1]} to {q[1]} alone and from {b1[1]} to {b[1]} beside the busy core") in section
     assert float(q[3][:-1]) < float(q1[3][:-1]) and float(b[3][:-1]) < float(b1[3][:-1])  # moves less, both loads
+    took = {}
+    for line in readme.split("How the same fits price")[0].splitlines():
+        if "orders" in line and line.startswith(("| busy |", "| quiet |")):
+            cells = line.strip("| ").split(" | ")
+            took[(cells[0], cells[1])] = (cells[2], cells[3])
+    refused = [took[("quiet", how)][0].split("(+")[1].split(" ")[0] for how in (joint, alone)]
+    assert (f"({took[('busy', joint)][1]} against {took[('busy', alone)][1]} beside the busy core, "
+            f"{took[('quiet', joint)][1]} against {took[('quiet', alone)][1]} alone); the orders that never met 5% "
+            f"({refused[0]} and {refused[1]} of 20 alone)") in section
     # the encoder's two kinds over those orders (the shares table of the same page)
     shares = {}
     for line in readme.split("How the same fits price")[0].splitlines():
@@ -569,6 +578,12 @@ def test_the_joint_probes_section_is_the_records():
     assert (f"the kept table predicted the nine plans within {100 * max(map(abs, kept_off)):.0f}% "
             f"({100 * min(kept_off):+.0f}% to {100 * max(kept_off):+.0f}%), the runs' own fits within "
             f"{100 * min(own_off):+.0f}% to {100 * max(own_off):+.0f}%") in section and len(speed["rows"]) == 9
+    quiet_one_kind = [f"{100 * (r['own_fit'] / r['measured'] - 1):+.0f}%" for r in speed["rows"]
+                      if r["name"].endswith(("measured_quiet", "measured_5pct_quiet"))]
+    assert f"were off by only {quiet_one_kind[0]} and {quiet_one_kind[1]}, closer than the kept table" in section
+    for name in ("speed_first_layers.json", "speed_first_layers_b.json"):  # "at least as close for every plan"
+        assert all(abs(r["kept_table"] / r["measured"] - 1) <= abs(r["own_fit"] / r["measured"] - 1) + 1e-9
+                   for r in json.loads((bench.RESULTS / name).read_text())["rows"])
     joint_rows = [r for r in speed["rows"] if r["fit"] == "measured_joint"]
     assert (f"ran at {joint_rows[0]['measured']:.2f}x and {joint_rows[1]['measured']:.2f}x where their fits predicted "
             f"{joint_rows[0]['own_fit']:.2f}x") in section
@@ -579,6 +594,31 @@ def test_the_joint_probes_section_is_the_records():
     table = json.loads(bench.recovery.TABLE.read_text())
     assert (f"put it at {100 * shares[0]:.0f}%, {100 * shares[1]:.0f}% and {100 * shares[2]:.0f}% of their dense "
             f"probe's time, the kept table at {100 * table['base'] / table['probes'][0]['seconds']:.0f}%") in section
+
+
+def test_the_fit_spread_pages_price_the_measured_plans_as_the_records_say():
+    """benchmarks/fit_spread.py's pricing tables: the plans are the speed records' (the mean measured speed-up per
+    plan), and the fit of every timing (no replay) prices them as each page's row says."""
+    spread = load_benchmark("fit_spread")
+    bench = load_benchmark("plan_repro")
+    measured = {}
+    for path in sorted(bench.RESULTS.glob("speed_*.json")):
+        for row in json.loads(path.read_text())["rows"]:
+            measured.setdefault(row["name"], []).append(row["measured"])
+    plans = spread.measured_plans()
+    assert set(plans) == set(measured) and len(plans) == 9
+    for name, (kept, speed_up) in plans.items():
+        assert kept == json.loads((bench.RESULTS / f"{name}.json").read_text())["kept"]
+        assert speed_up == pytest.approx(sum(measured[name]) / len(measured[name]))
+    for results in (spread.RESULTS, spread.RESULTS / "joint"):
+        readme = (results / "README.md").read_text().split("How the same fits price")[1]
+        for load in spread.LOADS:
+            record = json.loads((results / f"{load}.json").read_text())
+            dense = record["probes"][0]["structures"]
+            fit = spread.pooled(record)
+            predicted = [spread.speed_up(fit["shares"], dense, kept) for kept, _ in plans.values()]
+            off = [abs(p / m - 1) for p, (_, m) in zip(predicted, plans.values())]
+            assert f"| {load} | every timing | 1 | {sum(off) / len(off):.1%} | {max(off):.1%} | - |" in readme
 
 
 def test_the_plan_pairs_of_the_default_of_2026_12_06_are_the_committed_records(tmp_path):
@@ -702,6 +742,13 @@ def test_the_fit_spread_replays_the_fit_a_run_makes_and_gives_each_kind_its_shar
                                           "5% tolerance, 3 orders, one kind per probe"]  # no timing alone
     assert all(row[3:5] == ["5.0%", "10.0%"] for row in priced)
     assert [row[5].strip(" |") for row in priced] == ["0.0%", "-", "-", "0.0%", "0.0%"]
+    # fits that disagree: one prices the whole model as its base (1.0x), one half of it as the decoder's FFN, which the
+    # plan removes (2.0x): the plan's prediction moves by sd / mean = 0.5 / 1.5, and each fit's miss is 0% and 100%
+    base = {"base": 1.0, **dict.fromkeys(bench.ALL_KINDS, 0.0)}
+    ffn = {**base, "base": 0.5, "decoder_ffn": 0.5}
+    cut = {**dense, "decoder_ffn": 0}
+    assert bench.pricing([{"shares": base}, {"shares": ffn}, {"refused": "..."}], dense, {"p": (cut, 1.0)}) == [
+        "50.0%", "100.0%", "33.3%"]
 
     # the kept table beside them: its error over its probes as the file's own predictions give it
     kept = json.loads(bench.LATENCY_TABLE.read_text())

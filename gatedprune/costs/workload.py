@@ -87,8 +87,10 @@ class Workload:
         measured."""
         keep = ("source_tokens", "target_tokens", "batch", "num_beams", "runtime", "device", "threads", "quantization",
                 "repeats", "probe_fractions", "joint_probes")  # the last three: how it was measured, which a fit
-        # depends on too
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items() if k in keep}  # as JSON has it
+        # depends on too; joint_probes only when on, so a fit on the probes of one kind each keeps the key it was
+        # cached under before the joint probes
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()
+                if k in keep and (k != "joint_probes" or v)}  # as JSON has it
 
     @classmethod
     def of(cls, value) -> "Workload":
