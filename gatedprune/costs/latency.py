@@ -4,8 +4,9 @@ The probes are the dense model, for each kind one copy with every layer's struct
 of ``workload.probe_fractions`` (heads and FFN units: the first ones kept; layers: evenly spaced ones, a decoder
 keeping one), and (``workload.joint_probes``) one copy per fraction with every kind shrunk to it at once. A plan
 cuts every kind at once: probes of one kind each leave the base (what no cut removes) to the difference of many
-small savings, each within the calls' noise, so a fit can meet them and still misprice a plan (docs/gates.md 0c). With n_jk the structures of kind k in probe j (``counts.features``) and t_j its time, the
-fit is the ``LinearCost`` with
+small savings, each within the calls' noise, so a fit can meet them and still misprice a plan (docs/gates.md 0c).
+With n_jk the structures of kind k in probe j (``counts.features``) and t_j its time, the fit is the ``LinearCost``
+with
 
     minimise  sum_j ((base + sum_k c_k n_jk - t_j) / t_j)^2     subject to  c_k >= 0
 

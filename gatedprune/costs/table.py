@@ -23,7 +23,8 @@ from gatedprune.reports.speed import cpu_name
 from gatedprune.utils import write_json
 
 FORMAT = 1  # of the file
-HOW_MEASURED = {"repeats", "probe_fractions", "joint_probes"}  # in a cache's key; a table from elsewhere may have been measured otherwise
+# in a cache's key; a table from elsewhere may have been measured otherwise
+HOW_MEASURED = {"repeats", "probe_fractions", "joint_probes"}
 
 
 def shapes(model: nn.Module) -> dict:
