@@ -29,6 +29,12 @@ ONE_KIND_PROBES = {"joint_probes": False}  # the probes of every fit until the e
 FIT_UNTIL_2026_12_07 = {"fit_tolerance": 0.2, "keep_tolerance": 0.2, "fit_attempts": 3, **ONE_KIND_PROBES}
 
 
+def workload_overrides(settings: dict) -> list[str]:
+    """``pruning.workload`` settings as a run's overrides (a bool as YAML spells it)."""
+    return [f"pruning.workload.{key}={str(value).lower() if isinstance(value, bool) else value}"
+            for key, value in settings.items()]
+
+
 def default_model(vocab_size: int = 8000) -> transformers.PreTrainedModel:
     """The model of conf/model/scratch_mbart.yaml (d 256, 3+3 layers, 8 heads, FFN 1024), 8k vocabulary."""
     fields = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/model/scratch_mbart.yaml").from_scratch)

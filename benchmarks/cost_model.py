@@ -1,9 +1,10 @@
 """How well the latency fit predicts the time of pruned models it was not fitted on (gatedprune.costs.latency).
 
 For each model (random weights: benchmarks/common.py) and batch size, the fit is made as a run makes it (the dense
-model, each kind shrunk to 50% and 0%, and every kind at once to each, CPU time, one thread), then pruned models of every kind and mixtures of
-them, drawn at random, are timed against the dense model in one process (CPU time, alternating) and compared with
-the prediction: the error of the predicted time against the measured one, and of the predicted speed-up.
+model, each kind shrunk to 50% and 0%, and every kind at once to each, CPU time, one thread), then pruned models of
+every kind and mixtures of them, drawn at random, are timed against the dense model in one process (CPU time,
+alternating) and compared with the prediction: the error of the predicted time against the measured one, and of the
+predicted speed-up.
 
     .venv/bin/python benchmarks/cost_model.py [--quick] [--models default transformer-base] [--batches 1 32]
 """
@@ -103,13 +104,13 @@ def report(results: list[dict], command: str) -> str:
         "",
         f"`{command}` on {machine()}; {versions()}; {datetime.date.today()}.",
         "",
-        "The fit (gatedprune.costs.latency) times the dense model, 14 copies with one kind shrunk to 50% or 0% and 2 with",
-        "every kind shrunk to 50% or 0% at once (until 2026-12-07: the 14 alone), and solves for a cost per structure.",
-        "The pruned models below were not among them: random heads and units, other depths, mixtures with uneven layers.",
-        "Probes and pruned models are timed in turn in one session (CPU time, one thread, greedy generate(), exactly",
-        "32 new tokens from 32 source tokens, median of 5), the fit made from the probes' times alone. `time error` is",
-        "the predicted time over the measured one, less 1 (the issue's target: within 15%); `error` beside the",
-        "speed-ups compares the predicted speed-up with the measured one.",
+        "The fit (gatedprune.costs.latency) times the dense model, 14 copies with one kind shrunk to 50% or 0% and",
+        "2 with every kind shrunk to 50% or 0% at once (until 2026-12-07: the 14 alone), and solves for a cost per",
+        "structure. The pruned models below were not among them: random heads and units, other depths, mixtures with",
+        "uneven layers. Probes and pruned models are timed in turn in one session (CPU time, one thread, greedy",
+        "generate(), exactly 32 new tokens from 32 source tokens, median of 5), the fit made from the probes' times",
+        "alone. `time error` is the predicted time over the measured one, less 1 (the issue's target: within 15%);",
+        "`error` beside the speed-ups compares the predicted speed-up with the measured one.",
         "",
     ]
     header = ["model", "batch", "plan", "measured ms", "predicted ms", "time error", "speed-up measured",

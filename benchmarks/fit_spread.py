@@ -38,7 +38,8 @@ from common import FIT_UNTIL_2026_12_07, ROOT, command_line, machine, write_read
 
 from gatedprune.costs import table as costs_table  # noqa: E402
 from gatedprune.costs.counts import features  # noqa: E402
-from gatedprune.costs.latency import LatencyFitError, fit, fit_error, fit_latency, probe_models  # noqa: E402
+from gatedprune.costs.latency import (LatencyFitError, fit, fit_error, fit_latency, probe_models,  # noqa: E402
+                                      probe_plans)
 from gatedprune.costs.linear import LinearCost  # noqa: E402
 from gatedprune.costs.workload import Workload  # noqa: E402
 from gatedprune.structures.kinds import ALL_KINDS  # noqa: E402
@@ -126,7 +127,7 @@ def fits(model, record: dict, singles: bool = True, orders: int = None) -> dict[
     found = {"a run": runs, **one, "every timing": [pooled(record)],
              "5% tolerance": [replay(model, timings, TIGHT, joint)]}
     if joint:
-        single = len(probe_models(model, Workload().probe_fractions, joint=False))  # the joint probes come last
+        single = len(probe_plans(model, Workload().probe_fractions, joint=False))  # the joint probes come last
         shuffled = [np.random.default_rng(seed).permutation(len(timings)) for seed in range(orders or ORDERS)]
         found[f"5% tolerance, {len(shuffled)} orders"] = [replay(model, [timings[i] for i in order], TIGHT, True)
                                                           for order in shuffled]
@@ -232,21 +233,21 @@ def price_table(model, results: Path, plans: dict, orders: int = None, found: li
 
 
 INTRO = ("Each kind's share of the dense model's predicted latency (c_k * n_k / total, in per cent), lowest-highest "
-         "over the fits made from one record's timings: \"a run\" replays `fit_latency` on three consecutive timings "
-         "as a run's retries took them until 2026-12-07 (20%), \"one timing\" fits each timing alone, \"every timing\" fits the per-probe median "
-         "of all of them, \"5% tolerance\" replays `fit_latency` on all of them with `fit_tolerance` 0.05 (the median "
-         "of every timing so far, until it misses its probes by 5% at most); a record that timed the probes shrinking every "
-         "kind at once (`workload.joint_probes`, since 2026-12-07's evening) adds that replay over 20 orders of its "
-         "timings (seeds 0-19), with those probes and with the probes of one kind each alone. The kept teacher, "
-         "`Workload()` (batch 1, 32 + 32 tokens, one thread, three interleaved calls per probe); busy: a second "
-         "process spinning on one core.")
+         "over the fits made from one record's timings: \"a run\" replays `fit_latency` on three consecutive timings as "
+         "a run's retries took them until 2026-12-07 (20%), \"one timing\" fits each timing alone, \"every timing\" fits "
+         "the per-probe median of all of them, \"5% tolerance\" replays `fit_latency` on all of them with "
+         "`fit_tolerance` 0.05 (the median of every timing so far, until it misses its probes by 5% at most); a record "
+         "that timed the probes shrinking every kind at once (`workload.joint_probes`, since 2026-12-07's evening) "
+         "adds that replay over 20 orders of its timings (seeds 0-19), with those probes and with the probes of one "
+         "kind each alone. The kept teacher, `Workload()` (batch 1, 32 + 32 tokens, one thread, three interleaved "
+         "calls per probe); busy: a second process spinning on one core.")
 
 
-PRICE_INTRO = ("How the same fits price the plans `plan_repro.py speed` timed beside the teacher (each plan's structures "
-               "from its record, its measured speed-up the mean of the speed records in docs/benchmarks/plan_repro/): "
-               "off is |predicted / measured - 1| for a plan, its mean over the plans for a fit; \"moves\" is the "
-               "standard deviation of one plan's predicted speed-up across the fits over their mean, averaged over "
-               "the plans (a run that prices plans alike from run to run moves little).")
+PRICE_INTRO = ("How the same fits price the plans `plan_repro.py speed` timed beside the teacher (each plan's "
+               "structures from its record, its measured speed-up the mean of the speed records in "
+               "docs/benchmarks/plan_repro/): off is |predicted / measured - 1| for a plan, its mean over the plans "
+               "for a fit; \"moves\" is the standard deviation of one plan's predicted speed-up across the fits over "
+               "their mean, averaged over the plans (a run that prices plans alike from run to run moves little).")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,9 +8,10 @@ probes by 5% at most), measured by the first run and kept for the second in the 
 (``fit=measured_once``: no table, as a run without one priced from 2026-12-06; ``measured_once_5pct``: the same with
 the fit timed to 5% before it is kept, as since 2026-12-07; ``$GATEDPRUNE_CACHE`` fresh for the pair), these on
 the probes of one kind each, measured by each run on today's probes, which also shrink every kind at once
-(``fit=measured_joint``), or read from the recovery grid's kept fit (``fit=table``). ``--protocol`` picks which default: ``first_layers``, today's
-(``pruning=first_layers``, 300 gated steps), ``first_layers_late``, the one of 2026-12-06 (its layers settled at gated
-step 100, no widths held), or ``preset``, the one before both (``pruning=speed``, 100 gated steps).
+(``fit=measured_joint``), or read from the recovery grid's kept fit (``fit=table``). ``--protocol`` picks which
+default: ``first_layers``, today's (``pruning=first_layers``, 300 gated steps), ``first_layers_late``, the one of
+2026-12-06 (its layers settled at gated step 100, no widths held), or ``preset``, the one before both
+(``pruning=speed``, 100 gated steps).
 Its json records the fit (base, costs per structure, largest error over its probes, each probe's timings), the
 plan and what the export scores before any recovery, or the line a run refused with; ``table`` compares each pair.
 A run already in ``--results`` is skipped.
@@ -35,7 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import recovery  # noqa: E402  (how a run is started, the teacher's kept latency fit)
-from common import FIT_UNTIL_2026_12_07, ONE_KIND_PROBES, ROOT, machine, trajectory, write_readme  # noqa: E402
+from common import (FIT_UNTIL_2026_12_07, ONE_KIND_PROBES, ROOT, machine, trajectory,  # noqa: E402
+                    workload_overrides, write_readme)
 
 from gatedprune.utils import markdown_table  # noqa: E402
 
@@ -46,13 +48,8 @@ RESULTS = ROOT / "docs" / "benchmarks" / "plan_repro"
 # the same kept for later runs (``measured_once_5pct``: a run with no table since 2026-12-07), those two on probes
 # that each shrink one kind; a fit of today's default, also timed on probes that shrink every kind at once, each run
 # its own (``measured_joint``; docs/gates.md 0c), or the kept table
-def _overrides(settings: dict) -> list[str]:
-    return [f"pruning.workload.{key}={str(value).lower() if isinstance(value, bool) else value}"
-            for key, value in settings.items()]
-
-
-UNTIL_2026_12_07 = _overrides(FIT_UNTIL_2026_12_07)
-ONE_KIND = _overrides(ONE_KIND_PROBES)
+UNTIL_2026_12_07 = workload_overrides(FIT_UNTIL_2026_12_07)
+ONE_KIND = workload_overrides(ONE_KIND_PROBES)
 FITS = {"measured": ["pruning.workload.table=null", *UNTIL_2026_12_07],
         "measured_5pct": ["pruning.workload.table=null", "pruning.workload.fit_tolerance=0.05",
                           "pruning.workload.fit_attempts=15", *ONE_KIND],

@@ -39,7 +39,7 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ONE_KIND_PROBES, ROOT, command_line, machine, versions  # noqa: E402
+from common import ONE_KIND_PROBES, ROOT, command_line, machine, versions, workload_overrides  # noqa: E402
 from runtimes import Variant, timed  # noqa: E402
 
 from gatedprune import load_pruned  # noqa: E402
@@ -159,8 +159,7 @@ def overrides(run: Run, source: Path, runs_dir: Path, steps: dict, settings: dic
         return [*args, "pruning=l0", "resume=auto", f"dense_steps={total}", f"trainer.max_steps={total}",
                 "finetune.steps=0"]
     args += [f"resume={source / 'checkpoints' / 'dense.ckpt'}", f"gated_steps={gated}"]
-    args += [f"pruning.workload.{k}={str(v).lower() if isinstance(v, bool) else v}"
-             for k, v in settings["workload"].items()] if run.method.costed else []
+    args += workload_overrides(settings["workload"]) if run.method.costed else []
     return [*args, f"finetune.steps={tuning if run.method.trains_first else after}"]
 
 
