@@ -12,6 +12,8 @@ interleaved repeats against the teacher, in one process), and the noise floor (a
     .venv/bin/python benchmarks/fit_per_runtime.py table    # the table, from the fits and the recovery cells
     .venv/bin/python benchmarks/fit_per_runtime.py additivity --workload "ct2 int8 b32" --results DIR
         # the fit's own probes beside cuts of every width at once, priced by the fit of the probes' medians
+    .venv/bin/python benchmarks/fit_per_runtime.py one_kind --measurement speed_DATE.json
+        # fits made --joint-probes fitted again without those probes, same timings, in the folder's one_kind/
 
 Measure the fits on the machine, and at the load, that ``recovery.py measure`` timed on: a fit of another machine
 predicts another machine's speed-ups. A later measurement of some cells (``recovery.py measure --cells``, on another
@@ -68,7 +70,8 @@ def fits(results: Path, load_teacher, repeats: int = REPEATS, source_tokens: int
         # timed as these fits were from the first (until one meets its probes within fit_tolerance), not to a
         # run's default keep_tolerance
         timing = {**FIT_UNTIL_2026_12_07, **refit}
-        timing["keep_tolerance"] = timing["fit_tolerance"]
+        if "keep_tolerance" not in refit:  # timed again only while it misses fit_tolerance
+            timing["keep_tolerance"] = timing["fit_tolerance"]
         workload = Workload(source_tokens=source_tokens, target_tokens=target_tokens, threads=1, repeats=repeats,
                             **settings, **timing)
         model = load_teacher().float().eval()
@@ -76,6 +79,33 @@ def fits(results: Path, load_teacher, repeats: int = REPEATS, source_tokens: int
         out.parent.mkdir(parents=True, exist_ok=True)
         table.save(out, table.key(model, workload), cost, probes)
         print(f"{key}: wrote {out} (largest error over its {len(probes)} probes {fit_error(probes):.1%})")
+        written.append(out)
+    return written
+
+
+def one_kind(results: Path) -> list[Path]:
+    """Each fit in ``results`` that timed the probes shrinking every kind at once, fitted again to the same timings of
+    the probes of one kind each alone (``latency.fit`` to each probe's recorded median), written to
+    ``results``/one_kind/ under its key without ``joint_probes``: what those probes change, with the timing's noise
+    held fixed."""
+    from gatedprune.costs import table
+    from gatedprune.costs.latency import fit
+    from gatedprune.costs.linear import LinearCost
+
+    written = []
+    for key in WORKLOADS:
+        path = fit_path(results, key)
+        if not path.is_file():
+            continue
+        saved, _, probes = table.read(path)
+        if not saved["workload"].get("joint_probes"):
+            raise SystemExit(f"{path} was timed without the joint probes; allowed: fits made with --joint-probes")
+        single = [p for p in probes if not p["probe"].startswith("every kind ")]
+        cost = LinearCost("latency", *fit([p["structures"] for p in single], [p["seconds"] for p in single]))
+        kept = [{**p, "predicted": cost.of_counts(p["structures"])} for p in single]
+        workload = {k: v for k, v in saved["workload"].items() if k != "joint_probes"}
+        out = fit_path(results / "one_kind", key)
+        table.save(out, {**saved, "workload": workload}, cost, kept)
         written.append(out)
     return written
 
@@ -227,7 +257,7 @@ def additivity_report(rows: list[dict], key: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("stage", choices=["fits", "table", "additivity"])
+    parser.add_argument("stage", choices=["fits", "table", "additivity", "one_kind"])
     parser.add_argument("--runs", type=Path, default=Path("runs/recovery"), help="recovery.py's runs (the models)")
     parser.add_argument("--results", type=Path, default=None,
                         help="the fits (default: this folder for speed.json, else its subfolder named for the "
@@ -244,6 +274,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit-tolerance", type=float, default=None,
                         help="fits: time the probes again while the fit misses one by more than this (default 0.2)")
     parser.add_argument("--fit-attempts", type=int, default=None, help="fits: timings of the probes at most (3)")
+    parser.add_argument("--keep-tolerance", type=float, default=None,
+                        help="fits: time the probes again while the fit misses one by more than this, up to "
+                             "--fit-attempts, and keep it if it then meets --fit-tolerance (default: as "
+                             "--fit-tolerance)")
+    parser.add_argument("--joint-probes", action="store_true",
+                        help="fits: also time the probes that shrink every kind at once (a run's default since "
+                             "2026-12-07's evening; these fits were timed without them)")
     args = parser.parse_args(argv)
     own = args.measurement != recovery.FLOOR  # a later measurement: its fits and table beside the grid's
     stem = Path(args.measurement).stem
@@ -251,19 +288,28 @@ def main(argv: list[str] | None = None) -> int:
         args.results = RESULTS / Path(args.fits_of or args.measurement).stem if own else RESULTS
     if args.stage != "additivity" and (args.workload or args.rounds is not None):
         parser.error("--workload and --rounds time the additivity probes; allowed: with the additivity stage")
-    if args.stage != "fits" and (args.fit_tolerance is not None or args.fit_attempts is not None):
-        parser.error("--fit-tolerance and --fit-attempts time the fits; allowed: with the fits stage")
+    if args.stage != "fits" and (args.fit_tolerance is not None or args.fit_attempts is not None
+                                 or args.keep_tolerance is not None or args.joint_probes):
+        parser.error("--fit-tolerance, --keep-tolerance, --fit-attempts and --joint-probes time the fits; allowed: "
+                     "with the fits stage")
     if args.rounds is not None and args.rounds < 1:
         parser.error(f"--rounds {args.rounds}; allowed: an integer >= 1")
-    if args.fit_tolerance is not None and not args.fit_tolerance > 0:
-        parser.error(f"--fit-tolerance {args.fit_tolerance}; allowed: a fraction > 0")
+    for flag, value in (("--fit-tolerance", args.fit_tolerance), ("--keep-tolerance", args.keep_tolerance)):
+        if value is not None and not value > 0:
+            parser.error(f"{flag} {value}; allowed: a fraction > 0")
     if args.fit_attempts is not None and args.fit_attempts < 1:
         parser.error(f"--fit-attempts {args.fit_attempts}; allowed: an integer >= 1")
     load_teacher, _ = recovery._kept_teacher()
     if args.stage == "fits":
         refit = {name: value for name, value in (("fit_tolerance", args.fit_tolerance),
-                                                 ("fit_attempts", args.fit_attempts)) if value is not None}
+                                                 ("keep_tolerance", args.keep_tolerance),
+                                                 ("fit_attempts", args.fit_attempts),
+                                                 ("joint_probes", args.joint_probes or None)) if value is not None}
         fits(args.results, load_teacher, **refit)
+        return 0
+    if args.stage == "one_kind":
+        for path in one_kind(args.results):
+            print(f"wrote {path}")
         return 0
     if args.stage == "additivity":
         return additivity_stage(args.results, load_teacher, args.workload or "ct2 int8 b32", args.rounds or 3)

@@ -1053,13 +1053,49 @@ def test_additivity_prices_cuts_of_every_kind_at_once_by_the_fit_of_the_single_k
     with pytest.raises(latency.LatencyFitError):
         per.fits(tmp_path, lambda: model)  # as the recorded fits were timed: 20%, three timings
     assert (timed[1].fit_tolerance, timed[1].fit_attempts, timed[1].aim) == (0.2, 3, 0.2)
+    with pytest.raises(latency.LatencyFitError):  # timed again to 5%, kept at 20%, on the joint probes
+        per.fits(tmp_path, lambda: model, fit_tolerance=0.2, keep_tolerance=0.05, fit_attempts=6, joint_probes=True)
+    assert (timed[2].fit_tolerance, timed[2].aim, timed[2].fit_attempts, timed[2].joint_probes) == (0.2, 0.05, 6, True)
+    assert timed[1].joint_probes is False  # the recorded fits' probes: one kind each
     for bad, said in ((["additivity", "--rounds", "0"], "--rounds 0; allowed: an integer >= 1"),
                       (["fits", "--fit-tolerance", "0"], "--fit-tolerance 0.0; allowed: a fraction > 0"),
                       (["fits", "--fit-attempts", "0"], "--fit-attempts 0; allowed: an integer >= 1"),
                       (["table", "--rounds", "2"], "--workload and --rounds time the additivity probes; allowed: "
                        "with the additivity stage"),
-                      (["additivity", "--fit-tolerance", "0.05"], "--fit-tolerance and --fit-attempts time the "
-                       "fits; allowed: with the fits stage")):
+                      (["fits", "--keep-tolerance", "0"], "--keep-tolerance 0.0; allowed: a fraction > 0"),
+                      (["additivity", "--fit-tolerance", "0.05"], "--fit-tolerance, --keep-tolerance, --fit-attempts "
+                       "and --joint-probes time the fits; allowed: with the fits stage"),
+                      (["table", "--joint-probes"], "--fit-tolerance, --keep-tolerance, --fit-attempts and "
+                       "--joint-probes time the fits; allowed: with the fits stage")):
         with pytest.raises(SystemExit) as exit_:
             per.main(bad)
         assert exit_.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_a_joint_fit_is_fitted_again_on_its_one_kind_probes_from_the_same_timings(tmp_path, monkeypatch):
+    """fit_per_runtime.py one_kind: a fit made with --joint-probes, fitted again without those two probes (their own
+    recorded medians, nothing timed again), saved under its key without joint_probes; a fit without them is refused."""
+    from helpers import fake_timer, tiny_bart3
+    from gatedprune.costs import table as latency_table
+    from gatedprune.costs.latency import fit
+    from gatedprune.costs.timers import TIMERS
+
+    per = load_benchmark("fit_per_runtime")
+    model = tiny_bart3()
+    monkeypatch.setitem(TIMERS, "torch", fake_timer)
+    monkeypatch.delitem(per.WORKLOADS, "ct2 int8 b1")  # the torch ones only: no CTranslate2 needed
+    monkeypatch.delitem(per.WORKLOADS, "ct2 int8 b32")
+    per.fits(tmp_path, lambda: model, repeats=1, source_tokens=6, target_tokens=4, joint_probes=True)
+    written = per.one_kind(tmp_path)
+    assert [p.parent.name for p in written] == ["one_kind", "one_kind"]
+    for key in per.WORKLOADS:
+        saved, _, probes = latency_table.read(per.fit_path(tmp_path, key))
+        assert saved["workload"]["joint_probes"] is True and len(probes) == 17  # dense, 7 kinds x 2, 2 joint
+        again, cost, single = latency_table.read(per.fit_path(tmp_path / "one_kind", key))
+        assert "joint_probes" not in again["workload"] and again["shapes"] == saved["shapes"]
+        assert [p["probe"] for p in single] == [p["probe"] for p in probes][:15]  # the joint two come last
+        base, coefficients = fit([p["structures"] for p in single], [p["seconds"] for p in single])
+        assert cost.base == pytest.approx(base) and cost.coefficients == pytest.approx(coefficients)
+    with pytest.raises(SystemExit, match="timed without the joint probes"):
+        per.one_kind(tmp_path / "one_kind")
+

@@ -1247,3 +1247,49 @@ def test_the_speed_stage_times_each_plan_once_beside_the_teacher_and_both_predic
         assert caught.value.code == 2
     assert f"error: --name {bad[-1]}; allowed: with the speed stage, a file name speed_*.json" in \
         capsys.readouterr().err
+
+
+def test_the_joint_probes_fits_per_runtime_are_as_the_page_says():
+    """docs/gates.md 0h, "The joint probes on this machine": the fits with the joint probes and the same timings'
+    one-kind fits against the measurement of 2026-12-07's late evening, as their results files say; each one-kind
+    fit is the joint fit's 15 one-kind probes fitted again."""
+    from gatedprune.costs import table as latency_table
+    from gatedprune.costs.latency import fit, fit_error
+
+    bench = load_benchmark("recovery")
+    per = load_benchmark("fit_per_runtime")
+    page = " ".join(bench.GATES_PAGE.read_text().split())
+    section = page.split("**The joint probes on this machine")[1].split("<!-- end fit table -->")[0]
+    folder = per.RESULTS / "speed_2026-12-07_joint"
+    name = "results_speed_2026-12-07_joint.json"
+    summaries = []
+    for label, results in (("with the joint probes (17)", folder), ("one kind per probe (15)", folder / "one_kind")):
+        said = json.loads((results / name).read_text())["summary"]
+        summaries.append(said)
+        cells = [f"{said[k]['within']} of {said[k]['shapes']}, {100 * said[k]['median']:+.0f}% "
+                 f"({100 * said[k]['min']:+.0f}% to {100 * said[k]['max']:+.0f}%)" for k in bench.SPEED_KEYS]
+        assert f"| {label} | {' | '.join(cells)} |" in section, cells
+    errors = [fit_error(json.loads(per.fit_path(folder, k).read_text())["probes"]) for k in bench.SPEED_KEYS]
+    assert f"met their 17 probes within {100 * errors[0]:.1f}%, {100 * errors[1]:.1f}%, {100 * errors[2]:.1f}% and " \
+           f"{100 * errors[3]:.1f}%" in section
+    for key in bench.SPEED_KEYS:  # the one-kind fit: the same timings, the joint probes left out
+        _, _, probes = latency_table.read(per.fit_path(folder, key))
+        single = [p for p in probes if not p["probe"].startswith("every kind ")]
+        _, cost, _ = latency_table.read(per.fit_path(folder / "one_kind", key))
+        base, coefficients = fit([p["structures"] for p in single], [p["seconds"] for p in single])
+        assert len(single) == 15 and cost.base == pytest.approx(base)
+        assert cost.coefficients == pytest.approx(coefficients)
+    joint, one = summaries
+    b1, b32, c1, c32 = bench.SPEED_KEYS
+    assert joint[c32]["within"] == joint[c1]["within"] == joint[b1]["within"] == 11 > joint[b32]["within"]
+    assert (f"{joint[b32]['within']} of 11 within 15%, over-predicted by {100 * joint[b32]['median']:.0f}% at the "
+            f"median**, against {one[b32]['within']} of 11 and {100 * one[b32]['median']:+.0f}% without them") in section
+    assert f"against {one[c32]['within']} of 11 ({100 * one[c32]['median']:+.0f}%) from the same timings" in section
+    floor = json.loads((bench.RESULTS / "speed_2026-12-07_joint.json").read_text())["noise_floor"]
+    assert f"the noise floor (a copy of the teacher) was {min(floor.values()):.2f}-{max(floor.values()):.2f}x" \
+        in section
+    status = page.split("## 0.")[0]
+    assert (f"(11 of 11 at each, against {one[c32]['within']} of 11 from the same timings without them)" in status
+            and one[c1]["within"] == one[c32]["within"])
+    assert (f"only for {joint[b32]['within']} of 11 (over-predicted by {100 * joint[b32]['median']:.0f}% at the "
+            f"median; {one[b32]['within']} of 11 without them)") in status
