@@ -2,9 +2,10 @@
 
 One latency fit of the kept teacher per runtime and batch the recovery grid times (``generate()`` and CTranslate2
 int8, batch 1 and 32: ``gatedprune.costs.latency.fit_latency`` as ``gatedprune-latency`` made it until 2026-12-07
-(timed again beyond 20%, three timings at most, unless ``--fit-tolerance`` / ``--fit-attempts`` say otherwise), one
-thread, each probe the median of ``REPEATS`` interleaved calls), then, for every model the recovery tables ship (one per timed
-shape, ``speed_timed_on`` in docs/benchmarks/recovery/), the speed-up each fit predicts (the teacher's predicted time
+(timed again beyond 20%, three timings at most, on the probes of one kind each, unless ``--fit-tolerance``,
+``--keep-tolerance``, ``--fit-attempts`` or ``--joint-probes`` say otherwise), one thread, each probe the median of
+``REPEATS`` interleaved calls), then, for every model the recovery tables ship (one per timed shape,
+``speed_timed_on`` in docs/benchmarks/recovery/), the speed-up each fit predicts (the teacher's predicted time
 over the model's) beside the speed-up ``recovery.py measure`` measured in that runtime and batch (the median of five
 interleaved repeats against the teacher, in one process), and the noise floor (a copy of the teacher).
 
@@ -55,7 +56,8 @@ def fits(results: Path, load_teacher, repeats: int = REPEATS, source_tokens: int
     """The fit of each workload not yet in ``results`` (a fit already there is kept: refresh by deleting it);
     ``refit``: the workload's fit_tolerance and fit_attempts, when its probes are to be timed again until the fit
     meets them more closely than the default 20% (docs/gates.md 0c: a fit timed until it meets its probes within 5%
-    prices plans as the kept table does)."""
+    prices plans as the kept table does); keep_tolerance, to time them again to it and accept fit_tolerance after
+    the last timing; joint_probes, to time the probes that shrink every kind at once too."""
     from gatedprune.costs import table
     from gatedprune.costs.latency import fit_error, fit_latency
     from gatedprune.costs.timers import TIMERS
@@ -84,23 +86,24 @@ def fits(results: Path, load_teacher, repeats: int = REPEATS, source_tokens: int
 
 
 def one_kind(results: Path) -> list[Path]:
-    """Each fit in ``results`` that timed the probes shrinking every kind at once, fitted again to the same timings of
-    the probes of one kind each alone (``latency.fit`` to each probe's recorded median), written to
-    ``results``/one_kind/ under its key without ``joint_probes``: what those probes change, with the timing's noise
-    held fixed."""
+    """Each fit in ``results`` (made with ``--joint-probes``) fitted again to the same timings of the probes of one
+    kind each alone (``latency.fit`` to each probe's recorded median), written to ``results``/one_kind/ under its key
+    without ``joint_probes``: what those probes change, with the timing's noise held fixed. Not quite the fit a run on
+    one-kind probes would make: the timings stopped when the 17 probes met the tolerance, not the 15."""
     from gatedprune.costs import table
-    from gatedprune.costs.latency import fit
+    from gatedprune.costs.latency import JOINT, fit
     from gatedprune.costs.linear import LinearCost
 
-    written = []
-    for key in WORKLOADS:
-        path = fit_path(results, key)
-        if not path.is_file():
-            continue
-        saved, _, probes = table.read(path)
+    found = {key: table.read(fit_path(results, key)) for key in WORKLOADS if fit_path(results, key).is_file()}
+    if not found:
+        raise SystemExit(f"one_kind: no fit in {results}; allowed: a folder of fits made with --joint-probes")
+    for key, (saved, _, _) in found.items():  # every fit checked before any is written
         if not saved["workload"].get("joint_probes"):
-            raise SystemExit(f"{path} was timed without the joint probes; allowed: fits made with --joint-probes")
-        single = [p for p in probes if not p["probe"].startswith("every kind ")]
+            raise SystemExit(f"one_kind: {fit_path(results, key)} was timed without the joint probes; allowed: fits "
+                             "made with --joint-probes")
+    written = []
+    for key, (saved, _, probes) in found.items():
+        single = [p for p in probes if not p["probe"].startswith(JOINT)]
         cost = LinearCost("latency", *fit([p["structures"] for p in single], [p["seconds"] for p in single]))
         kept = [{**p, "predicted": cost.of_counts(p["structures"])} for p in single]
         workload = {k: v for k, v in saved["workload"].items() if k != "joint_probes"}
@@ -272,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=None,
                         help="additivity: interleaved timings of every probe (default 3)")
     parser.add_argument("--fit-tolerance", type=float, default=None,
-                        help="fits: time the probes again while the fit misses one by more than this (default 0.2)")
+                        help="fits: refuse a fit that misses a probe by more than this after its last timing, and "
+                             "time the probes again while it does unless --keep-tolerance is given (default 0.2)")
     parser.add_argument("--fit-attempts", type=int, default=None, help="fits: timings of the probes at most (3)")
     parser.add_argument("--keep-tolerance", type=float, default=None,
                         help="fits: time the probes again while the fit misses one by more than this, up to "

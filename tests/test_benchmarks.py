@@ -1098,4 +1098,6 @@ def test_a_joint_fit_is_fitted_again_on_its_one_kind_probes_from_the_same_timing
         assert cost.base == pytest.approx(base) and cost.coefficients == pytest.approx(coefficients)
     with pytest.raises(SystemExit, match="timed without the joint probes"):
         per.one_kind(tmp_path / "one_kind")
+    with pytest.raises(SystemExit, match="no fit in"):
+        per.one_kind(tmp_path / "nothing here")
 

@@ -1254,7 +1254,7 @@ def test_the_joint_probes_fits_per_runtime_are_as_the_page_says():
     one-kind fits against the measurement of 2026-12-07's late evening, as their results files say; each one-kind
     fit is the joint fit's 15 one-kind probes fitted again."""
     from gatedprune.costs import table as latency_table
-    from gatedprune.costs.latency import fit, fit_error
+    from gatedprune.costs.latency import JOINT, fit, fit_error
 
     bench = load_benchmark("recovery")
     per = load_benchmark("fit_per_runtime")
@@ -1274,7 +1274,7 @@ def test_the_joint_probes_fits_per_runtime_are_as_the_page_says():
            f"{100 * errors[3]:.1f}%" in section
     for key in bench.SPEED_KEYS:  # the one-kind fit: the same timings, the joint probes left out
         _, _, probes = latency_table.read(per.fit_path(folder, key))
-        single = [p for p in probes if not p["probe"].startswith("every kind ")]
+        single = [p for p in probes if not p["probe"].startswith(JOINT)]
         _, cost, _ = latency_table.read(per.fit_path(folder / "one_kind", key))
         base, coefficients = fit([p["structures"] for p in single], [p["seconds"] for p in single])
         assert len(single) == 15 and cost.base == pytest.approx(base)
@@ -1283,7 +1283,8 @@ def test_the_joint_probes_fits_per_runtime_are_as_the_page_says():
     b1, b32, c1, c32 = bench.SPEED_KEYS
     assert joint[c32]["within"] == joint[c1]["within"] == joint[b1]["within"] == 11 > joint[b32]["within"]
     assert (f"{joint[b32]['within']} of 11 within 15%, over-predicted by {100 * joint[b32]['median']:.0f}% at the "
-            f"median**, against {one[b32]['within']} of 11 and {100 * one[b32]['median']:+.0f}% without them") in section
+            f"median**, against {one[b32]['within']} of 11 and {100 * one[b32]['median']:+.0f}% without them"
+            ) in section
     assert f"against {one[c32]['within']} of 11 ({100 * one[c32]['median']:+.0f}%) from the same timings" in section
     floor = json.loads((bench.RESULTS / "speed_2026-12-07_joint.json").read_text())["noise_floor"]
     assert f"the noise floor (a copy of the teacher) was {min(floor.values()):.2f}-{max(floor.values()):.2f}x" \

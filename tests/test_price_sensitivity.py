@@ -17,6 +17,12 @@ def bench():
     return load_benchmark("price_sensitivity")
 
 
+@pytest.fixture(scope="module")
+def precision(bench):
+    """The precision table and its numbers, made again from fit_spread's committed records (4,000 resamples each)."""
+    return bench.precision_table()
+
+
 def test_a_nudged_table_moves_one_price_and_keeps_the_rest(bench, tmp_path):
     key, kept, probes = costs_table.read(bench.recovery.TABLE)
     for kind, factor in (("cross", 1.01), ("base", 1.001)):
@@ -81,7 +87,8 @@ def test_a_run_is_priced_by_its_nudged_table_and_recorded_against_the_reference(
         run = next(a.split("=", 1)[1] for a in command if a.startswith("hydra.run.dir="))
         pruned = bench.Path(run) / "pruned"
         pruned.mkdir(parents=True)
-        (bench.Path(run) / "metrics.json").write_text(json.dumps({"kept": {"decoder_layer": 2}}))
+        (bench.Path(run) / "metrics.json").write_text(json.dumps(
+            {"kept": {"decoder_layer": 2}, "costs": {"source": "table", "base": 0.1, "coefficients": {"cross": 1e-3}}}))
         heads = {site[len("heads "):]: kept for site, kept in reference["plan"].items() if site.startswith("heads ")}
         heads[next(iter(heads))] = heads[next(iter(heads))][:-1]  # one head fewer than the reference's plan
         units = {site[len("units "):]: kept for site, kept in reference["plan"].items() if site.startswith("units ")}
@@ -92,53 +99,69 @@ def test_a_run_is_priced_by_its_nudged_table_and_recorded_against_the_reference(
 
     monkeypatch.setattr(bench.recovery, "_run", fake_run)
     record = bench.run_one("cross", 1.01, tmp_path / "runs", tmp_path / "results")
-    (command, env), = called
+    assert bench.run_one("cross", 1.01, tmp_path / "runs", tmp_path / "results")["wall_s"] is None and len(called) == 1
+    (command, env), = called  # a finished run is recorded again, not run again
     tables = [a for a in command if a.startswith("pruning.workload.table=")]
     assert tables == [f"pruning.workload.table={tmp_path / 'runs' / 'tables' / 'cross_x1.01.json'}"]
     assert "seed=1234" in command and "finetune.steps=0" in command and "gated_steps=300" in command
     assert env == {"GATEDPRUNE_CACHE": str(tmp_path / "runs" / "caches" / "cross_x1.01")}
     assert record["apart"] == 1 and record["kind"] == "cross" and record["factor"] == 1.01
-    assert json.loads((tmp_path / "results" / "cross_x1.01.json").read_text()) == record
+    assert record["costs"] == {"source": "table", "base": 0.1, "coefficients": {"cross": 1e-3}}
+    assert record["command"].startswith("GATEDPRUNE_CACHE=RUNS/caches/cross_x1.01 train.py ")
+    assert json.loads((tmp_path / "results" / "cross_x1.01.json").read_text())["plan"] == record["plan"]
 
 
-def test_the_page_is_the_committed_records(bench):
+def test_the_page_is_the_committed_records(bench, precision):
     """docs/benchmarks/price_sensitivity/README.md: each nudge's distance recomputed from its plan and the reference's,
-    the control's plan the reference's, and the precision table made again from fit_spread's records."""
+    each run priced by the kept table with exactly its one price moved, the control's plan the reference's, and the
+    precision table made again from fit_spread's records."""
     readme = (bench.RESULTS / "README.md").read_text()
     reference = json.loads((bench.plan_repro.RESULTS / f"{bench.REFERENCE}.json").read_text())
+    _, kept, _ = costs_table.read(bench.recovery.TABLE)
     records = {name: json.loads((bench.RESULTS / f"{name}.json").read_text())
                for name in (bench.name_of(*n) for n in bench.NUDGES)}
     for name, record in records.items():
         assert record["apart"] == bench.plan_repro.plan_difference(record["plan"], reference["plan"]), name
+        kind, factor, costs = record["kind"], record["factor"], record["costs"]
+        assert costs["source"] == "table"
+        assert costs["base"] == pytest.approx(kept.base * (factor if kind == "base" else 1), rel=1e-12)
+        for k in ALL_KINDS:
+            assert costs["coefficients"][k] == pytest.approx(kept.coefficients[k] * (factor if k == kind else 1),
+                                                             rel=1e-12), (name, k)
     assert records["base_x1"]["apart"] == 0  # today's code, given the kept table as it is, ships the reference's plan
     assert bench.nudge_table(bench.RESULTS) in readme
-    precision, _ = bench.precision_table()
-    assert precision in readme
+    assert precision[0] in readme
 
 
-def test_the_pages_quote_the_records(bench):
+def test_the_pages_quote_the_records(bench, precision):
     """docs/gates.md 0c (and its status list) and the guide's speed_targets quote the nudges and the precision as the
     records and the resampling give them."""
     records = [json.loads((bench.RESULTS / f"{bench.name_of(*n)}.json").read_text()) for n in bench.NUDGES]
     one_pct = [r["apart"] for r in records if r["factor"] == 1.01]
     tenth = next(r["apart"] for r in records if r["factor"] == 1.001)
     tenfold = next(r["apart"] for r in records if r["factor"] == 1.1)
-    _, found = bench.precision_table()
-    half = {load: round(100 * h) for load, _, h, _ in found}
-    halves = sorted(half.values())
-    needed = sorted(round(n, -2) for _, _, _, n in found)
-    hours = sorted(round(n * bench.seconds_per_timing(json.loads(
-        (bench.fit_spread.RESULTS / "joint" / f"{load}.json").read_text())) / 3600) for load, _, _, n in found)
-    page = " ".join((bench.ROOT / "docs" / "gates.md").read_text().split())
+    table, found = precision
+    half = {load: round(100 * f["half"]) for load, f in found.items()}
+    interval = {load: tuple(round(100 * (v / f["bootstrap"]["price"][0] - 1)) for v in f["bootstrap"]["price"][1:])
+                for load, f in found.items()}
+    needed = sorted(round(f["needed"], -2) for f in found.values())
+    hours = sorted(round(f["hours"]) for f in found.values())
+    widths = sorted(round(100 * float(np.median(f["bootstrap"]["width"]))) for f in found.values())
+    text = (bench.ROOT / "docs" / "gates.md").read_text()
+    assert bench.nudge_table(bench.RESULTS) in text and table in text  # the tables as the README has them
+    page = " ".join(text.split())
     section = page[page.index("**How precise a fit must be for one plan"):page.index("## 0h.")]
-    assert bench.nudge_table(bench.RESULTS).splitlines()[2] in (bench.ROOT / "docs" / "gates.md").read_text()
     assert (f"Moving one price by 1% moved the plan by {min(one_pct)}-{max(one_pct)} structures" in section
             and f"by 0.1% still {tenth}" in section and f"by 10% moved it by {tenfold}." in section)
-    assert f"known to ±{half['busy']}% beside a busy core and ±{half['quiet']}% alone" in section
+    assert (f"known to {interval['busy'][0]:+d}%/{interval['busy'][1]:+d}% beside a busy core and "
+            f"{interval['quiet'][0]:+d}%/{interval['quiet'][1]:+d}% alone (90% interval; half-widths "
+            f"±{half['busy']}% and ±{half['quiet']}%)") in section
+    assert f"an interval {widths[0]}-{widths[1]}% wide" in section
     assert f"about {needed[0]:,}-{needed[1]:,} timings" in section and f"{hours[0]}-{hours[1]} hours" in section
-    said = (f"by 1% moved the default's plan by {min(one_pct)}-{max(one_pct)} structures")
+    halves = sorted(half.values())
     status = page[:page.index("## 0. ")]
-    assert said in status and f"uncertain by ±{halves[0]}-{halves[1]}% (90%)" in status
+    assert (f"by 1% moved the default's plan by {min(one_pct)}-{max(one_pct)} structures" in status
+            and f"uncertain by ±{halves[0]}-{halves[1]}% (90%)" in status)
     guide = " ".join((bench.ROOT / "docs" / "guide" / "speed_targets.md").read_text().split())
     assert f"{min(one_pct)}-{max(one_pct)} structures (0.1%: by {tenth})" in guide
     assert f"uncertain by ±{halves[0]}-{halves[1]}%" in guide

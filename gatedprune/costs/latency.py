@@ -45,6 +45,9 @@ from gatedprune.structures.kinds import ALL_KINDS, KINDS
 from gatedprune.surgery.cut import prune_heads
 
 
+JOINT = "every kind"  # the name of a probe that shrinks every kind at once: "every kind 0.5"
+
+
 def probe_plans(model: nn.Module, fractions: tuple, joint: bool = True) -> list[tuple[str, dict]]:
     """``[(name, plan)]``: the dense model (an empty plan), then each kind shrunk to each fraction, then (``joint``)
     every kind shrunk at once to each fraction (where the model has more than one kind to shrink)."""
@@ -65,7 +68,7 @@ def probe_plans(model: nn.Module, fractions: tuple, joint: bool = True) -> list[
             plans.append(plan)
             together[fraction].append(plan[1])
     if joint:  # the sites of a dropped layer are skipped by the cut (``surgery.cut``), so the plans merge as they are
-        plans += [(f"every kind {fraction:g}", {path: kept for plan in shrunk for path, kept in plan.items()})
+        plans += [(f"{JOINT} {fraction:g}", {path: kept for plan in shrunk for path, kept in plan.items()})
                   for fraction, shrunk in together.items() if len(shrunk) > 1]
     return plans
 
