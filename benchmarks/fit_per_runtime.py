@@ -303,6 +303,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{flag} {value}; allowed: a fraction > 0")
     if args.fit_attempts is not None and args.fit_attempts < 1:
         parser.error(f"--fit-attempts {args.fit_attempts}; allowed: an integer >= 1")
+    if args.stage == "one_kind":  # the fits' own timings: nothing is loaded or timed
+        for path in one_kind(args.results):
+            print(f"wrote {path}")
+        return 0
     load_teacher, _ = recovery._kept_teacher()
     if args.stage == "fits":
         refit = {name: value for name, value in (("fit_tolerance", args.fit_tolerance),
@@ -310,10 +314,6 @@ def main(argv: list[str] | None = None) -> int:
                                                  ("fit_attempts", args.fit_attempts),
                                                  ("joint_probes", args.joint_probes or None)) if value is not None}
         fits(args.results, load_teacher, **refit)
-        return 0
-    if args.stage == "one_kind":
-        for path in one_kind(args.results):
-            print(f"wrote {path}")
         return 0
     if args.stage == "additivity":
         return additivity_stage(args.results, load_teacher, args.workload or "ct2 int8 b32", args.rounds or 3)

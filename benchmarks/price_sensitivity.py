@@ -40,7 +40,6 @@ from common import ROOT, machine, write_readme  # noqa: E402
 
 from gatedprune.costs.latency import fit  # noqa: E402
 from gatedprune.costs.linear import LinearCost  # noqa: E402
-from gatedprune.costs.workload import Workload  # noqa: E402
 from gatedprune.structures.kinds import ALL_KINDS  # noqa: E402
 from gatedprune.utils import atomic_write_text, markdown_table  # noqa: E402
 
@@ -165,7 +164,7 @@ def precision_table(spread_dir: Path = fit_spread.RESULTS / "joint", plans: dict
     """Per load: each kind's share, pooled [5th-95th percentile over resamples], the plans' predicted speed-up
     interval (its width over the pooled prediction, the median over the plans), ``SHOWN``'s price's interval
     relative to the pooled price, and the timings that would narrow its half-width to ``WANTED``; and per load
-    ``{"bootstrap", "half" (that half-width, relative), "needed" (timings), "hours"}``."""
+    ``{"bootstrap", "half" (that half-width, relative), "needed" (timings), "hours", "repeats" (calls per probe)}``."""
     plans = plans if plans is not None else fit_spread.measured_plans()
     rows, found = [], {}
     for load in fit_spread.LOADS:
@@ -175,7 +174,8 @@ def precision_table(spread_dir: Path = fit_spread.RESULTS / "joint", plans: dict
         half = (high - low) / 2 / price  # the 90% interval's half-width, relative to the pooled fit's price
         needed = timings_for(half, b["timings"], WANTED)
         hours = needed * seconds_per_timing(record) / 3600
-        found[load] = {"bootstrap": b, "half": half, "needed": needed, "hours": hours}
+        found[load] = {"bootstrap": b, "half": half, "needed": needed, "hours": hours,
+                       "repeats": record["workload"]["repeats"]}
         rows.append([load, str(b["timings"]),
                      *(f"{100 * s:.1f} [{100 * lo:.1f}-{100 * hi:.1f}]" for s, lo, hi in
                        (b["shares"][k] for k in ("base", *ALL_KINDS))),
@@ -224,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
             except subprocess.CalledProcessError as err:
                 raise SystemExit(f"{name_of(kind, factor)} failed ({err}); see its log under {args.runs}") from None
     plans = fit_spread.measured_plans()
-    precision, _ = precision_table(plans=plans)
-    said = PRECISION.format(draws=DRAWS, plans=len(plans), shown=SHOWN, wanted=WANTED, repeats=Workload().repeats)
+    precision, found = precision_table(plans=plans)
+    repeats = "/".join(sorted({str(f["repeats"]) for f in found.values()}))  # as the records timed, which the hours use
+    said = PRECISION.format(draws=DRAWS, plans=len(plans), shown=SHOWN, wanted=WANTED, repeats=repeats)
     body = f"{nudge_table(args.results)}\n\n{said}\n\n{precision}"
     write_readme(args.results, "How precise a latency fit must be, and how precise one timed here is "
                  "(benchmarks/price_sensitivity.py)", INTRO.format(reference=REFERENCE), body)
