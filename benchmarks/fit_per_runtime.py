@@ -132,6 +132,7 @@ def predictions(results: Path, recovery_results: Path, runs: Path, load_teacher,
         first = group[0]
         rows.append({"model": f"{first['start']} at {first['target']}, seed {first['seed']}", "cells": len(group),
                      "params": first["params"], "timed_on": timed_on, "measured": first["speed"],
+                     **({"rounds": first["speed_rounds"]} if first.get("speed_rounds") else {}),
                      "predicted": {key: fit.of(teacher) / fit.of(model) for key, fit in fitted.items()}})
     return rows
 
@@ -153,16 +154,24 @@ def summary(rows: list[dict]) -> dict:
     return said
 
 
-def report(rows: list[dict], floor: dict | None) -> str:
+def spread(rounds: list[dict] | None, key: str) -> str:
+    """The range of a measurement's rounds (``recovery.py measure --rounds``) as " (lowest-highest)"; "" for one."""
+    return f" ({min(r[key] for r in rounds):.2f}-{max(r[key] for r in rounds):.2f})" if rounds else ""
+
+
+def report(rows: list[dict], floor: dict | None, floor_rounds: list[dict] | None = None) -> str:
     keys = [k for k in WORKLOADS if any(k in row["predicted"] for row in rows)]
     table_rows = [(row["model"] + f" ({row['cells']} cell{'s' if row['cells'] > 1 else ''})",
                    f"{row['params'] / 1e6:.2f} M",
-                   *(f"{row['measured'][k]:.2f}x / {row['predicted'][k]:.2f}x ({100 * off(row, k):+.0f}%)"
-                     for k in keys)) for row in rows]
+                   *(f"{row['measured'][k]:.2f}x{spread(row.get('rounds'), k)} / {row['predicted'][k]:.2f}x "
+                     f"({100 * off(row, k):+.0f}%)" for k in keys)) for row in rows]
     if floor:
         table_rows.append(("noise floor (a copy of the teacher)", "7.71 M",
-                           *(f"{floor[k]:.2f}x / 1.00x" for k in keys)))
-    lines = [markdown_table(["model (measured / predicted (off))", "params", *keys], table_rows), ""]
+                           *(f"{floor[k]:.2f}x{spread(floor_rounds, k)} / 1.00x" for k in keys)))
+    rounds = max((len(row.get("rounds") or ()) for row in rows), default=0)
+    head = ("model (measured, the median of " + f"{rounds} rounds (their range)" + " / predicted (off))"
+            if rounds > 1 else "model (measured / predicted (off))")
+    lines = [markdown_table([head, "params", *keys], table_rows), ""]
     for key, s in summary(rows).items():
         lines.append(f"- {key}: {s['within']} of {s['shapes']} shapes within {LIMIT:.0%}; the prediction is "
                      f"{100 * s['median']:+.0f}% off at the median ({100 * s['min']:+.0f}% to {100 * s['max']:+.0f}%).")
@@ -320,8 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = predictions(args.results, args.recovery_results, args.runs.resolve(), load_teacher,
                        measurement=args.measurement)
     floor_path = args.recovery_results / args.measurement
-    floor = json.loads(floor_path.read_text())["noise_floor"] if floor_path.is_file() else None
-    text = report(rows, floor)
+    kept = json.loads(floor_path.read_text()) if floor_path.is_file() else {}
+    floor = kept.get("noise_floor")
+    text = report(rows, floor, kept.get("noise_floor_rounds"))
     args.results.mkdir(parents=True, exist_ok=True)
     name = f"_{stem}" if own else ""  # the tables of several measurements beside one machine's fits
     atomic_write_text(args.results / f"results{name}.json", json.dumps(

@@ -583,7 +583,8 @@ def timed_shapes(results: Path, measurement: str | None = None) -> dict[str, lis
                 continue
             timed = kept[r["cell"]]
             r = {**r, "speed": timed["speed"], "speed_timed_on": timed["timed_on"],
-                 "speed_predicted": timed["predicted"], "speed_measurement": measurement}
+                 "speed_predicted": timed["predicted"], "speed_measurement": measurement,
+                 "speed_rounds": timed.get("rounds")}
         if r.get("speed") and measurement in (None, measured_in(r)):
             shapes.setdefault(r["speed_timed_on"], []).append(r)
     return shapes
@@ -806,10 +807,15 @@ def _timing_model(group: list[dict], export: "Export | None", runs: Path) -> tup
 
 def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_tokens: int = 32,
             repeats: int = 5, setting: Setting = REAL, table: Path = TABLE, cells: list[str] | None = None,
-            name: str = FLOOR) -> dict:
+            name: str = FLOOR, rounds: int = 1) -> dict:
     """Time the final model of every finished cell against the teacher (and a copy of it: the noise floor) in one
     process, generate() and CTranslate2 int8, batch 1 and 32, one thread, the median of ``repeats`` interleaved
     repeats; each cell's json gets its ``speed`` (over the teacher in the same runtime).
+
+    ``rounds`` > 1 times everything that many times over, each round its own interleaved median, and keeps the
+    median of the rounds' speed-ups (each round's in ``speed_rounds``): on a shared machine one round's speed-ups of
+    a shape at ``generate()`` batch 32 moved by up to 14% from round to round (docs/gates.md 0h), more than its
+    noise floor showed.
 
     Cells recovered from one export have its shapes, and exactly ``new_tokens`` are generated per sentence, so the
     time does not depend on the weights: each export is timed once, on whichever model of its shapes is here
@@ -853,24 +859,34 @@ def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_to
                     Variant("teacher copy", load(), tokenizer, Path(work), onnx=False)]
         variants += [Variant(key, model, tokenizer, Path(work), onnx=False) for key, model in models.items()]
         sources = random_sources(teacher, sentences, 32).tolist()
-        times = {batch: timed(variants, ["transformers", "ct2 int8"], [[s] for s in sources] if batch == 1
-                              else [sources], 1, new_tokens, repeats) for batch in (1, 32)}
+        each_round = [{batch: timed(variants, ["transformers", "ct2 int8"], [[s] for s in sources] if batch == 1
+                                    else [sources], 1, new_tokens, repeats) for batch in (1, 32)}
+                      for _ in range(rounds)]
+
+    def speeds(name: str) -> list[dict]:  # one per round
+        return [{f"{label} b{batch}": times[batch][("teacher", runtime)].cpu / times[batch][(name, runtime)].cpu
+                 for batch in (1, 32) for runtime, label in (("transformers", "generate()"), ("ct2 int8", "ct2 int8"))}
+                for times in each_round]
 
     def speed(name: str) -> dict:
-        return {f"{label} b{batch}": times[batch][("teacher", runtime)].cpu / times[batch][(name, runtime)].cpu
-                for batch in (1, 32) for runtime, label in (("transformers", "generate()"), ("ct2 int8", "ct2 int8"))}
+        return {key: statistics.median(r[key] for r in speeds(name)) for key in SPEED_KEYS}
 
     predicted = {key: fit.of(teacher) / fit.of(model) for key, model in models.items()}
     for key in models:
         for r in groups[key]:
             r["speed"], r["speed_timed_on"], r["speed_predicted"] = speed(key), timed_on[key], predicted[key]
             r["speed_measurement"] = name
+            if rounds > 1:
+                r["speed_rounds"] = speeds(key)
             (results / f"{r['cell']}.json").write_text(json.dumps(r, indent=1) + "\n")
     floor = {"noise_floor": speed("teacher copy"), "machine": machine(), "sentences": sentences,
              "speeds": {r["cell"]: {"speed": r["speed"], "timed_on": r["speed_timed_on"],
-                                    "predicted": r["speed_predicted"]} for key in models for r in groups[key]},
+                                    "predicted": r["speed_predicted"],
+                                    **({"rounds": r["speed_rounds"]} if rounds > 1 else {})}
+                        for key in models for r in groups[key]},
              "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-             "new_tokens": new_tokens, "repeats": repeats,
+             "new_tokens": new_tokens, "repeats": repeats, "rounds": rounds,
+             **({"noise_floor_rounds": speeds("teacher copy")} if rounds > 1 else {}),
              "cells": [r["cell"] for key in models for r in groups[key]], "not_timed": not_timed}
     (results / name).write_text(json.dumps(floor, indent=1) + "\n")
     return floor
@@ -925,6 +941,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure: time only these cells (names or glob patterns), as a measurement of its own")
     parser.add_argument("--name", default=None, help="measure --cells: its file (default speed_<UTC date>.json)")
     parser.add_argument("--repeats", type=int, default=5, help="measure: interleaved repeats (the median is kept)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure: time everything this many times over and keep the median of the rounds' "
+                             "speed-ups (each round's is kept beside it)")
     args = parser.parse_args(argv)
     if args.name and (not args.cells or not fnmatch.fnmatchcase(args.name, "speed_*.json") or "/" in args.name):
         parser.error(f"--name {args.name}: names a measurement of some cells; allowed: speed_<name>.json, with --cells")
@@ -933,10 +952,11 @@ def main(argv: list[str] | None = None) -> int:
         if (args.results / args.name).exists():
             parser.error(f"--name {args.name}: {args.results / args.name} holds an earlier measurement; allowed: a "
                          "name not yet used (each measurement keeps its own file)")
-    elif args.stage != "measure" and (args.cells or args.repeats != 5):
-        parser.error("--cells and --repeats time cells; allowed: with the measure stage")
-    if args.repeats < 1:
-        parser.error(f"--repeats {args.repeats}; allowed: an integer >= 1")
+    elif args.stage != "measure" and (args.cells or args.repeats != 5 or args.rounds != 1):
+        parser.error("--cells, --repeats and --rounds time cells; allowed: with the measure stage")
+    for flag, value in (("--repeats", args.repeats), ("--rounds", args.rounds)):
+        if value < 1:
+            parser.error(f"{flag} {value}; allowed: an integer >= 1")
     runs = args.runs.resolve()
     setting = REAL
     if args.stage == "quick":
@@ -965,6 +985,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cells:
             quick.update(cells=args.cells, name=args.name)
         quick.setdefault("repeats", args.repeats)
+        quick.setdefault("rounds", 2 if args.stage == "quick" else args.rounds)  # quick: the suite checks rounds
         measure(args.results, runs, setting=setting, **quick)
     text = "\n".join(answers(args.results, setting.targets)) + "\n\n" + table(args.results)
     for chosen in CANDIDATES:

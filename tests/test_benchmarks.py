@@ -531,7 +531,14 @@ def test_recovery_quick_recovers_the_gates_export_and_its_shape_from_scratch(tmp
         best = max(record["curve"], key=lambda p: (p["bleu"], -p["loss"]))
         assert record["shipped_step"] == best["step"]
         assert set(record["speed"]) == set(bench.SPEED_KEYS) and all(v > 0 for v in record["speed"].values())
+        # quick times two rounds: the speed kept is the median of the rounds' (of two, their mean)
+        rounds = record["speed_rounds"]
+        assert len(rounds) == 2 and all(record["speed"][k] == pytest.approx((rounds[0][k] + rounds[1][k]) / 2)
+                                        for k in bench.SPEED_KEYS)
     floor = json.loads((results / "speed.json").read_text())
+    assert floor["rounds"] == 2 and all(floor["noise_floor"][k] == pytest.approx(
+        sum(r[k] for r in floor["noise_floor_rounds"]) / 2) for k in bench.SPEED_KEYS)
+    assert floor["speeds"][pruned["cell"]]["rounds"] == pruned["speed_rounds"]
     assert set(floor["noise_floor"]) == set(bench.SPEED_KEYS) and sorted(floor["cells"]) == sorted(
         r["cell"] for r in records.values())
     assert (results / "recovery.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -575,10 +582,15 @@ def test_recovery_quick_recovers_the_gates_export_and_its_shape_from_scratch(tmp
         assert per.off(rows[0], key) == pytest.approx(rows[0]["predicted"][key] / pruned["speed"][key] - 1)
     predicted = [rows[0]["predicted"][key] for key in per.WORKLOADS]
     assert len({round(p, 6) for p in predicted}) == 4  # four fits, four predictions
-    text = per.report(rows, {key: 1.0 for key in per.WORKLOADS})
+    text = per.report(rows, {key: 1.0 for key in per.WORKLOADS},
+                      [{key: 0.9 for key in per.WORKLOADS}, {key: 1.1 for key in per.WORKLOADS}])
     key = "ct2 int8 b32"
-    cell = f"{pruned['speed'][key]:.2f}x / {rows[0]['predicted'][key]:.2f}x ({100 * per.off(rows[0], key):+.0f}%)"
-    assert cell in text and "noise floor" in text
+    # the measured speed-up is the median of quick's two rounds, their range beside it; so is the noise floor's
+    rounds = [r[key] for r in pruned["speed_rounds"]]
+    cell = (f"{pruned['speed'][key]:.2f}x ({min(rounds):.2f}-{max(rounds):.2f}) / {rows[0]['predicted'][key]:.2f}x "
+            f"({100 * per.off(rows[0], key):+.0f}%)")
+    assert cell in text and "| noise floor (a copy of the teacher) | 7.71 M | 1.00x (0.90-1.10) / 1.00x |" in text
+    assert "model (measured, the median of 2 rounds (their range) / predicted (off))" in text
     within = int(abs(per.off(rows[0], key)) <= 0.15)
     assert f"- {key}: {within} of 1 shapes within 15%" in text
     # a cell whose run is gone (another machine) is timed on another model of its shapes, else on its export, else
@@ -677,7 +689,8 @@ def test_the_speed_table_keeps_each_measurement_with_its_own_noise_floor_and_mac
     # a named measurement is one of some cells, in a file of its own (never the grid's floor); repeats are counted
     for bad, said in ((["--name", "speed.json", "--cells", "a"], "--name speed.json: names a measurement of some"),
                       (["--name", "speed_x.json"], "--name speed_x.json: names a measurement of some"),
-                      (["--repeats", "0"], "--repeats 0; allowed: an integer >= 1")):
+                      (["--repeats", "0"], "--repeats 0; allowed: an integer >= 1"),
+                      (["--rounds", "0"], "--rounds 0; allowed: an integer >= 1")):
         with pytest.raises(SystemExit) as exit_:
             bench.main(["measure", "--results", str(tmp_path), *bad])
         assert exit_.value.code == 2 and said in capsys.readouterr().err
