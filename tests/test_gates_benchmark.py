@@ -1253,33 +1253,13 @@ def test_the_joint_probes_fits_per_runtime_are_as_the_page_says():
     """docs/gates.md 0h, "The joint probes on this machine": the fits with the joint probes and the same timings'
     one-kind fits against the measurement of 2026-12-07's late evening, as their results files say; each one-kind
     fit is the joint fit's 15 one-kind probes fitted again."""
-    from gatedprune.costs import table as latency_table
-    from gatedprune.costs.latency import JOINT, fit, fit_error
-
     bench = load_benchmark("recovery")
     per = load_benchmark("fit_per_runtime")
     page = " ".join(bench.GATES_PAGE.read_text().split())
     section = page.split("**The joint probes on this machine")[1].split("<!-- end fit table -->")[0]
     folder = per.RESULTS / "speed_2026-12-07_joint"
     name = "results_speed_2026-12-07_joint.json"
-    summaries = []
-    for label, results in (("with the joint probes (17)", folder), ("one kind per probe (15)", folder / "one_kind")):
-        said = json.loads((results / name).read_text())["summary"]
-        summaries.append(said)
-        cells = [f"{said[k]['within']} of {said[k]['shapes']}, {100 * said[k]['median']:+.0f}% "
-                 f"({100 * said[k]['min']:+.0f}% to {100 * said[k]['max']:+.0f}%)" for k in bench.SPEED_KEYS]
-        assert f"| {label} | {' | '.join(cells)} |" in section, cells
-    errors = [fit_error(json.loads(per.fit_path(folder, k).read_text())["probes"]) for k in bench.SPEED_KEYS]
-    assert f"met their 17 probes within {100 * errors[0]:.1f}%, {100 * errors[1]:.1f}%, {100 * errors[2]:.1f}% and " \
-           f"{100 * errors[3]:.1f}%" in section
-    for key in bench.SPEED_KEYS:  # the one-kind fit: the same timings, the joint probes left out
-        _, _, probes = latency_table.read(per.fit_path(folder, key))
-        single = [p for p in probes if not p["probe"].startswith(JOINT)]
-        _, cost, _ = latency_table.read(per.fit_path(folder / "one_kind", key))
-        base, coefficients = fit([p["structures"] for p in single], [p["seconds"] for p in single])
-        assert len(single) == 15 and cost.base == pytest.approx(base)
-        assert cost.coefficients == pytest.approx(coefficients)
-    joint, one = summaries
+    joint, one = _joint_and_one_kind_fits_as_the_page_says(section, folder, name, "")
     b1, b32, c1, c32 = bench.SPEED_KEYS
     assert joint[c32]["within"] == joint[c1]["within"] == joint[b1]["within"] == 11 > joint[b32]["within"]
     assert (f"{joint[b32]['within']} of 11 within 15%, over-predicted by {100 * joint[b32]['median']:.0f}% at the "
@@ -1302,9 +1282,6 @@ def test_the_three_round_measurement_and_its_fits_are_as_the_page_says():
     shapes moved from the measurement of 2026-12-07's late evening, from the two measurements' files."""
     import statistics
 
-    from gatedprune.costs import table as latency_table
-    from gatedprune.costs.latency import JOINT, fit, fit_error
-
     bench = load_benchmark("recovery")
     per = load_benchmark("fit_per_runtime")
     raw = bench.GATES_PAGE.read_text()
@@ -1315,24 +1292,7 @@ def test_the_three_round_measurement_and_its_fits_are_as_the_page_says():
     # the table below the section is the results folder's, whole
     block = raw.split("<!-- fit table speed_2026-12-08 -->\n")[1].split("<!-- end fit table -->")[0]
     assert block.strip() == (folder / "README_speed_2026-12-08.md").read_text().split("\n\n", 1)[1].strip()
-    summaries = []
-    for label, results in (("with the joint probes (17), 2026-12-08", folder),
-                           ("one kind per probe (15), 2026-12-08", folder / "one_kind")):
-        said = json.loads((results / name).read_text())["summary"]
-        summaries.append(said)
-        cells = [f"{said[k]['within']} of {said[k]['shapes']}, {100 * said[k]['median']:+.0f}% "
-                 f"({100 * said[k]['min']:+.0f}% to {100 * said[k]['max']:+.0f}%)" for k in bench.SPEED_KEYS]
-        assert f"| {label} | {' | '.join(cells)} |" in section, cells
-    errors = [fit_error(json.loads(per.fit_path(folder, k).read_text())["probes"]) for k in bench.SPEED_KEYS]
-    assert (f"met their 17 probes within {100 * errors[0]:.1f}%, {100 * errors[1]:.1f}%, {100 * errors[2]:.1f}% and "
-            f"{100 * errors[3]:.1f}%") in section
-    for key in bench.SPEED_KEYS:  # the one-kind fit: the same timings, the joint probes left out
-        _, _, probes = latency_table.read(per.fit_path(folder, key))
-        single = [p for p in probes if not p["probe"].startswith(JOINT)]
-        _, cost, _ = latency_table.read(per.fit_path(folder / "one_kind", key))
-        base, coefficients = fit([p["structures"] for p in single], [p["seconds"] for p in single])
-        assert len(single) == 15 and cost.base == pytest.approx(base)
-        assert cost.coefficients == pytest.approx(coefficients)
+    summaries = _joint_and_one_kind_fits_as_the_page_says(section, folder, name, ", 2026-12-08")
     # each speed-up kept is the median of its three rounds; how far the rounds of one shape spread
     measurement = json.loads((bench.RESULTS / "speed_2026-12-08.json").read_text())
     assert measurement["rounds"] == 3 and measurement["repeats"] == 9
@@ -1390,3 +1350,33 @@ def test_the_three_round_measurement_and_its_fits_are_as_the_page_says():
             f"{joint[c1]['within']} of 11 ({100 * joint[c1]['median']:+.0f}%)") in status
     assert (f"speed-ups moved by {100 * low:.0f}-{100 * high:.0f}% at the median, while the fit's predictions for "
             f"CTranslate2 at batch 1 moved by at most {100 * predicted[c1]:.0f}%") in status
+
+
+def _joint_and_one_kind_fits_as_the_page_says(section: str, folder, name: str, dated: str) -> list[dict]:
+    """Checks a 0h table of the fits with the joint probes (``folder``) and their one-kind refits (its one_kind/)
+    against their results files (``name``), the joint fits' errors over their 17 probes as the section quotes them,
+    and that each one-kind fit is the joint fit's 15 one-kind probes fitted again; returns both summaries."""
+    from gatedprune.costs import table as latency_table
+    from gatedprune.costs.latency import JOINT, fit, fit_error
+
+    bench = load_benchmark("recovery")
+    per = load_benchmark("fit_per_runtime")
+    summaries = []
+    for label, results in ((f"with the joint probes (17){dated}", folder),
+                           (f"one kind per probe (15){dated}", folder / "one_kind")):
+        said = json.loads((results / name).read_text())["summary"]
+        summaries.append(said)
+        cells = [f"{said[k]['within']} of {said[k]['shapes']}, {100 * said[k]['median']:+.0f}% "
+                 f"({100 * said[k]['min']:+.0f}% to {100 * said[k]['max']:+.0f}%)" for k in bench.SPEED_KEYS]
+        assert f"| {label} | {' | '.join(cells)} |" in section, cells
+    errors = [fit_error(json.loads(per.fit_path(folder, k).read_text())["probes"]) for k in bench.SPEED_KEYS]
+    assert (f"met their 17 probes within {100 * errors[0]:.1f}%, {100 * errors[1]:.1f}%, {100 * errors[2]:.1f}% and "
+            f"{100 * errors[3]:.1f}%") in section
+    for key in bench.SPEED_KEYS:  # the one-kind fit: the same timings, the joint probes left out
+        _, _, probes = latency_table.read(per.fit_path(folder, key))
+        single = [p for p in probes if not p["probe"].startswith(JOINT)]
+        _, cost, _ = latency_table.read(per.fit_path(folder / "one_kind", key))
+        base, coefficients = fit([p["structures"] for p in single], [p["seconds"] for p in single])
+        assert len(single) == 15 and cost.base == pytest.approx(base)
+        assert cost.coefficients == pytest.approx(coefficients)
+    return summaries
