@@ -169,8 +169,8 @@ def report(rows: list[dict], floor: dict | None, floor_rounds: list[dict] | None
         table_rows.append(("noise floor (a copy of the teacher)", "7.71 M",
                            *(f"{floor[k]:.2f}x{spread(floor_rounds, k)} / 1.00x" for k in keys)))
     rounds = max((len(row.get("rounds") or ()) for row in rows), default=0)
-    head = ("model (measured, the median of " + f"{rounds} rounds (their range)" + " / predicted (off))"
-            if rounds > 1 else "model (measured / predicted (off))")
+    head = (f"model (measured, the median of {rounds} rounds (their range) / predicted (off))" if rounds > 1
+            else "model (measured / predicted (off))")
     lines = [markdown_table([head, "params", *keys], table_rows), ""]
     for key, s in summary(rows).items():
         lines.append(f"- {key}: {s['within']} of {s['shapes']} shapes within {LIMIT:.0%}; the prediction is "

@@ -813,9 +813,9 @@ def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_to
     repeats; each cell's json gets its ``speed`` (over the teacher in the same runtime).
 
     ``rounds`` > 1 times everything that many times over, each round its own interleaved median, and keeps the
-    median of the rounds' speed-ups (each round's in ``speed_rounds``): on a shared machine one round's speed-ups of
-    a shape at ``generate()`` batch 32 moved by up to 14% from round to round (docs/gates.md 0h), more than its
-    noise floor showed.
+    median of the rounds' speed-ups (each round's in ``speed_rounds``): on a shared machine one shape's speed-up
+    spread by 11-25% over three rounds (highest over lowest, the median shape of each runtime and batch;
+    docs/gates.md 0h), more than one round's noise floor showed.
 
     Cells recovered from one export have its shapes, and exactly ``new_tokens`` are generated per sentence, so the
     time does not depend on the weights: each export is timed once, on whichever model of its shapes is here
@@ -878,6 +878,8 @@ def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_to
             r["speed_measurement"] = name
             if rounds > 1:
                 r["speed_rounds"] = speeds(key)
+            else:  # an earlier measurement's rounds are not this one's
+                r.pop("speed_rounds", None)
             (results / f"{r['cell']}.json").write_text(json.dumps(r, indent=1) + "\n")
     floor = {"noise_floor": speed("teacher copy"), "machine": machine(), "sentences": sentences,
              "speeds": {r["cell"]: {"speed": r["speed"], "timed_on": r["speed_timed_on"],
