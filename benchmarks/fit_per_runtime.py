@@ -168,9 +168,9 @@ def report(rows: list[dict], floor: dict | None, floor_rounds: list[dict] | None
     if floor:
         table_rows.append(("noise floor (a copy of the teacher)", "7.71 M",
                            *(f"{floor[k]:.2f}x{spread(floor_rounds, k)} / 1.00x" for k in keys)))
-    rounds = max((len(row.get("rounds") or ()) for row in rows), default=0)
-    head = (f"model (measured, the median of {rounds} rounds (their range) / predicted (off))" if rounds > 1
-            else "model (measured / predicted (off))")
+    rounds = {len(row.get("rounds") or ()) for row in rows}  # the header speaks for every row, or says nothing
+    head = (f"model (measured, the median of {min(rounds)} rounds (their range) / predicted (off))"
+            if len(rounds) == 1 and min(rounds) > 1 else "model (measured / predicted (off))")
     lines = [markdown_table([head, "params", *keys], table_rows), ""]
     for key, s in summary(rows).items():
         lines.append(f"- {key}: {s['within']} of {s['shapes']} shapes within {LIMIT:.0%}; the prediction is "
@@ -336,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     name = f"_{stem}" if own else ""  # the tables of several measurements beside one machine's fits
     atomic_write_text(args.results / f"results{name}.json", json.dumps(
         {"machine": machine(), "limit": LIMIT, "measurement": args.measurement, "rows": rows,
-         "summary": summary(rows), "noise_floor": floor}, indent=1) + "\n")
+         "summary": summary(rows), "noise_floor": floor,
+         **({"noise_floor_rounds": kept["noise_floor_rounds"]} if "noise_floor_rounds" in kept else {})},
+        indent=1) + "\n")
     atomic_write_text(args.results / f"README{name}.md", "# The latency fit of each runtime and batch against the "
                       f"measured speed-ups of {args.measurement} (benchmarks/fit_per_runtime.py)\n\n" + text + "\n")
     if args.results.resolve().parent == RESULTS.resolve() or args.results.resolve() == RESULTS.resolve():

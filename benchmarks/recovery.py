@@ -17,6 +17,7 @@ skipped, so the grid is run across sessions and nothing finished is lost with a 
     .venv/bin/python benchmarks/recovery.py measure --runs RUNS/recovery          # time every cell's model
     .venv/bin/python benchmarks/recovery.py measure --runs RUNS/recovery --cells 'choose_gates_bottom2_late_*'
                                                       # some cells, later or elsewhere: a measurement of its own
+    .venv/bin/python benchmarks/recovery.py measure ... --rounds 3   # timed three times over, the median kept
 
 Each cell's json records its command, the validation curve, the test BLEU at each budget, the wall time and time
 per step of each phase, and the machine.
@@ -813,9 +814,9 @@ def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_to
     repeats; each cell's json gets its ``speed`` (over the teacher in the same runtime).
 
     ``rounds`` > 1 times everything that many times over, each round its own interleaved median, and keeps the
-    median of the rounds' speed-ups (each round's in ``speed_rounds``): on a shared machine one shape's speed-up
-    spread by 11-25% over three rounds (highest over lowest, the median shape of each runtime and batch;
-    docs/gates.md 0h), more than one round's noise floor showed.
+    median of the rounds' speed-ups (each round's in ``speed_rounds``; of an even number, the mean of the middle
+    two), taking ``rounds`` times as long: on this project's machine one shape's speed-up spread by 11-25% over three
+    rounds (highest over lowest, the median shape of each runtime and batch; docs/gates.md 0h).
 
     Cells recovered from one export have its shapes, and exactly ``new_tokens`` are generated per sentence, so the
     time does not depend on the weights: each export is timed once, on whichever model of its shapes is here
@@ -863,13 +864,15 @@ def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_to
                                     else [sources], 1, new_tokens, repeats) for batch in (1, 32)}
                       for _ in range(rounds)]
 
-    def speeds(name: str) -> list[dict]:  # one per round
-        return [{f"{label} b{batch}": times[batch][("teacher", runtime)].cpu / times[batch][(name, runtime)].cpu
-                 for batch in (1, 32) for runtime, label in (("transformers", "generate()"), ("ct2 int8", "ct2 int8"))}
-                for times in each_round]
+    names = {"generate()": "transformers", "ct2 int8": "ct2 int8"}  # SPEED_KEYS' runtimes as runtimes.timed names them
+    where = {key: (int(key.rsplit(" b", 1)[1]), names[key.rsplit(" b", 1)[0]]) for key in SPEED_KEYS}  # (batch, name)
 
-    def speed(name: str) -> dict:
-        return {key: statistics.median(r[key] for r in speeds(name)) for key in SPEED_KEYS}
+    def speeds(variant: str) -> list[dict]:  # one per round, in SPEED_KEYS' order
+        return [{key: times[batch][("teacher", runtime)].cpu / times[batch][(variant, runtime)].cpu
+                 for key, (batch, runtime) in where.items()} for times in each_round]
+
+    def speed(variant: str) -> dict:
+        return {key: statistics.median(r[key] for r in speeds(variant)) for key in SPEED_KEYS}
 
     predicted = {key: fit.of(teacher) / fit.of(model) for key, model in models.items()}
     for key in models:

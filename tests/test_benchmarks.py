@@ -591,6 +591,8 @@ def test_recovery_quick_recovers_the_gates_export_and_its_shape_from_scratch(tmp
             f"({100 * per.off(rows[0], key):+.0f}%)")
     assert cell in text and "| noise floor (a copy of the teacher) | 7.71 M | 1.00x (0.90-1.10) / 1.00x |" in text
     assert "model (measured, the median of 2 rounds (their range) / predicted (off))" in text
+    mixed = per.report([rows[0], {**rows[0], "rounds": None}], None)  # a row of one round: the header claims nothing
+    assert "| model (measured / predicted (off)) |" in mixed
     within = int(abs(per.off(rows[0], key)) <= 0.15)
     assert f"- {key}: {within} of 1 shapes within 15%" in text
     # a cell whose run is gone (another machine) is timed on another model of its shapes, else on its export, else
