@@ -864,15 +864,16 @@ def measure(results: Path, runs: Path, teacher=None, sentences: int = 32, new_to
                                     else [sources], 1, new_tokens, repeats) for batch in (1, 32)}
                       for _ in range(rounds)]
 
-    names = {"generate()": "transformers", "ct2 int8": "ct2 int8"}  # SPEED_KEYS' runtimes as runtimes.timed names them
-    where = {key: (int(key.rsplit(" b", 1)[1]), names[key.rsplit(" b", 1)[0]]) for key in SPEED_KEYS}  # (batch, name)
+    where = {f"{label} b{batch}": (batch, runtime)  # each speed key's batch and runtimes.timed's name of its runtime
+             for batch in (1, 32) for runtime, label in (("transformers", "generate()"), ("ct2 int8", "ct2 int8"))}
 
     def speeds(variant: str) -> list[dict]:  # one per round, in SPEED_KEYS' order
-        return [{key: times[batch][("teacher", runtime)].cpu / times[batch][(variant, runtime)].cpu
-                 for key, (batch, runtime) in where.items()} for times in each_round]
+        return [{key: times[where[key][0]][("teacher", where[key][1])].cpu
+                 / times[where[key][0]][(variant, where[key][1])].cpu for key in SPEED_KEYS} for times in each_round]
 
     def speed(variant: str) -> dict:
-        return {key: statistics.median(r[key] for r in speeds(variant)) for key in SPEED_KEYS}
+        each = speeds(variant)
+        return {key: statistics.median(r[key] for r in each) for key in SPEED_KEYS}
 
     predicted = {key: fit.of(teacher) / fit.of(model) for key, model in models.items()}
     for key in models:
@@ -986,11 +987,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage in ("measure", "quick"):
         # the smoke model's dense run stands in for the teacher, with the latency fit _quick made beside it
         quick = {"teacher": _run_teacher(runs / "dense"), "sentences": 2, "new_tokens": 4, "repeats": 1,
-                 "table": quick_fit(runs)} if args.stage == "quick" else {}
+                 "rounds": 2, "table": quick_fit(runs)} if args.stage == "quick" else {}  # 2 rounds: the suite checks
         if args.cells:
             quick.update(cells=args.cells, name=args.name)
         quick.setdefault("repeats", args.repeats)
-        quick.setdefault("rounds", 2 if args.stage == "quick" else args.rounds)  # quick: the suite checks rounds
+        quick.setdefault("rounds", args.rounds)
         measure(args.results, runs, setting=setting, **quick)
     text = "\n".join(answers(args.results, setting.targets)) + "\n\n" + table(args.results)
     for chosen in CANDIDATES:
